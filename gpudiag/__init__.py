@@ -1,0 +1,17 @@
+"""gpudiag: GPU profiling and bottleneck diagnosis for PyTorch.
+
+The only name a user's script may need is :func:`step`, which marks the end of one training or
+inference step when step boundaries cannot be detected from ``optimizer.step()``.
+"""
+
+__version__ = "0.1.0"
+
+
+def step() -> None:
+    """Mark the end of one step (training or inference iteration) for ``gpudiag profile``.
+
+    Outside ``gpudiag profile`` this does nothing, so scripts may call it unconditionally.
+    """
+    from gpudiag.capture import instrument
+
+    instrument.user_step()

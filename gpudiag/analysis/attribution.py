@@ -1,0 +1,204 @@
+"""Attribution of every kernel instance to its step, phase, module and aten op.
+
+A kernel is attributed through the API call that launched it (join on ``global_pid`` +
+``correlation_id``): this is NVIDIA's *GPU projection* of NVTX ranges.
+
+- steps and phases are time windows on the host: a kernel belongs to the window containing its
+  launch call's start, on any thread of the process. Backward kernels are launched from autograd
+  threads while the main thread is inside ``backward()``, so a same-thread rule would lose them.
+- modules and ops are push/pop ranges: a kernel belongs to the innermost range open *on the
+  launching thread* when the launch call started.
+
+All of it is vectorized (sorts, cumulative sums, searchsorted); the only Python loop is over NVTX
+nesting depth, which is small.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from gpudiag import nvtx_names
+
+# Ranges a user names like a step, used when an export has no gpudiag step ranges.
+DEFAULT_USER_STEP_REGEX = r"(?i)(^|[^a-z])(step|iteration|iter)([^a-z]|$)"
+
+
+@dataclass
+class Steps:
+    """Step windows in host time. ``table``: step, start_ns, end_ns (sorted, non-overlapping).
+    ``source`` says where they came from, in words the report shows."""
+
+    table: pd.DataFrame
+    source: str
+    kind: str  # "gpudiag", "nvtx" or "whole"
+
+
+def launch_calls(kernels: pd.DataFrame, runtime_api: pd.DataFrame) -> pd.DataFrame:
+    """For each kernel row (same index), its launch call: api_start_ns, api_end_ns, api_tid,
+    api_name. NaN where the export has no matching call (e.g. API tracing was off)."""
+    cols = ["api_start_ns", "api_end_ns", "api_tid", "api_name"]
+    if runtime_api.empty or kernels.empty:
+        return pd.DataFrame({c: pd.Series(np.nan, index=kernels.index) for c in cols})
+    api = runtime_api[["global_pid", "correlation_id", "start_ns", "end_ns", "global_tid", "name"]]
+    api = api.dropna(subset=["correlation_id"]).drop_duplicates(["global_pid", "correlation_id"])
+    api = api.astype({"global_pid": "int64", "correlation_id": "int64"})
+    left = kernels[["global_pid", "correlation_id"]].astype({"global_pid": "int64", "correlation_id": "int64"})
+    merged = left.merge(api, how="left", on=["global_pid", "correlation_id"])
+    merged.index = kernels.index
+    return merged.rename(columns={"start_ns": "api_start_ns", "end_ns": "api_end_ns",
+                                  "global_tid": "api_tid", "name": "api_name"})[cols]
+
+
+def innermost_range(ranges: pd.DataFrame, query_ns: np.ndarray, query_tid: np.ndarray) -> np.ndarray:
+    """Positional index into ``ranges`` (columns start_ns, end_ns, global_tid; properly nested per
+    thread, as push/pop ranges are) of the innermost range containing each query time on the same
+    thread; -1 where none does. A query exactly at a range's end is outside it.
+
+    Method: sort start (+1), end (-1) and query events per thread; the running sum is the nesting
+    depth; the innermost range of a query at depth d is the last range that started at depth d."""
+    n_q = len(query_ns)
+    result = np.full(n_q, -1, dtype=np.int64)
+    if ranges.empty or n_q == 0:
+        return result
+    n_r = len(ranges)
+    valid_q = ~pd.isna(query_ns) & ~pd.isna(query_tid)
+    q_idx = np.flatnonzero(valid_q)
+    ev = pd.DataFrame({
+        "tid": np.concatenate([ranges["global_tid"].to_numpy(np.int64), ranges["global_tid"].to_numpy(np.int64),
+                               np.asarray(query_tid)[q_idx].astype(np.int64)]),
+        "t": np.concatenate([ranges["start_ns"].to_numpy(np.int64), ranges["end_ns"].to_numpy(np.int64),
+                             np.asarray(query_ns)[q_idx].astype(np.int64)]),
+        # ends sort before starts at equal times (adjacent siblings), queries after both
+        "order": np.concatenate([np.ones(n_r, np.int8), np.zeros(n_r, np.int8), np.full(len(q_idx), 2, np.int8)]),
+        "delta": np.concatenate([np.ones(n_r, np.int64), -np.ones(n_r, np.int64), np.zeros(len(q_idx), np.int64)]),
+        "ref": np.concatenate([np.arange(n_r), np.arange(n_r), q_idx]),
+    }).sort_values(["tid", "t", "order"], kind="stable", ignore_index=True)
+    ev["depth"] = ev.groupby("tid", sort=False)["delta"].cumsum()
+    is_start = ev["order"].to_numpy() == 1
+    is_query = ev["order"].to_numpy() == 2
+    depth = ev["depth"].to_numpy()
+    for d in range(1, int(depth[is_start].max(initial=0)) + 1):
+        last_start = pd.Series(np.where(is_start & (depth == d), ev["ref"].to_numpy(), np.nan))
+        last_start = last_start.groupby(ev["tid"]).ffill().to_numpy()
+        hit = is_query & (depth == d)
+        result[ev["ref"].to_numpy()[hit]] = last_start[hit].astype(np.int64)
+    return result
+
+
+def window_index(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Index of the window [start, end) containing each time in ``ts`` (windows sorted and
+    non-overlapping), -1 where none does or ``ts`` is NaN."""
+    ts = np.asarray(ts, dtype=float)
+    if len(starts) == 0:
+        return np.full(len(ts), -1, dtype=np.int64)
+    i = np.searchsorted(np.asarray(starts, dtype=float), ts, side="right") - 1
+    ok = (i >= 0) & ~np.isnan(ts)
+    ok[ok] &= ts[ok] < np.asarray(ends, dtype=float)[i[ok]]
+    return np.where(ok, i, -1)
+
+
+def _outermost(ranges: pd.DataFrame) -> pd.DataFrame:
+    """Drop ranges that start inside an earlier one (keeps the outermost of nested matches)."""
+    r = ranges.sort_values("start_ns", kind="stable")
+    prev_end = r["end_ns"].cummax().shift(1, fill_value=-np.inf)
+    return r[r["start_ns"] >= prev_end]
+
+
+def find_steps(nvtx: pd.DataFrame, kernels: pd.DataFrame, steps_from: str | None = None) -> Steps:
+    """Step windows: gpudiag's own step ranges when present (unless ``steps_from`` is
+    ``nvtx:REGEX``), else the user's ranges matching REGEX or :data:`DEFAULT_USER_STEP_REGEX`,
+    else the whole capture as one window. Raises ValueError for an invalid REGEX."""
+    text = nvtx["text"].fillna("") if not nvtx.empty else pd.Series(dtype=str)
+    regex = steps_from[5:] if steps_from and steps_from.startswith("nvtx:") else None
+    if regex is None:
+        mine = nvtx[text.str.startswith(nvtx_names.STEP)]
+        tail = nvtx[text == nvtx_names.TAIL]
+        if not mine.empty and not tail.empty:
+            # The launcher closes a step that never reached its boundary and marks it with a tail
+            # range: that last step is incomplete and is not a step.
+            mine = mine[mine["start_ns"] != mine["start_ns"].max()]
+        if not mine.empty:
+            t = pd.DataFrame({"step": mine["text"].str[len(nvtx_names.STEP):].astype(int),
+                              "start_ns": mine["start_ns"], "end_ns": mine["end_ns"]})
+            return Steps(t.sort_values("start_ns", ignore_index=True), "gpudiag step ranges (optimizer.step() or gpudiag.step())", "gpudiag")
+    pattern = re.compile(regex or DEFAULT_USER_STEP_REGEX)
+    user = nvtx[~text.str.startswith(nvtx_names.PREFIX) & text.str.contains(pattern)] if not nvtx.empty else nvtx
+    if not user.empty:
+        user = _outermost(user)
+        t = pd.DataFrame({"step": np.arange(len(user)), "start_ns": user["start_ns"].to_numpy(),
+                          "end_ns": user["end_ns"].to_numpy()})
+        return Steps(t, f"user NVTX ranges matching {pattern.pattern!r}", "nvtx")
+    start = kernels["start_ns"].min() if not kernels.empty else 0
+    end = kernels["end_ns"].max() if not kernels.empty else 0
+    t = pd.DataFrame({"step": [0], "start_ns": [start], "end_ns": [end + 1]})
+    return Steps(t, "whole capture (no step ranges found; pass --steps-from nvtx:REGEX to use your own)", "whole")
+
+
+def op_payloads(ops: pd.DataFrame, outs: pd.DataFrame) -> pd.Series:
+    """JSON payload per op range (same order as ``ops``): the op range's ``{"op":..,"in":..}``
+    with ``"out"`` added from the empty out range nested at its end (null if there is none)."""
+    payload = ops["text"].str[len(nvtx_names.OP):]
+    out_json = pd.Series("null", index=ops.index, dtype=object)
+    if not outs.empty:
+        owner = innermost_range(ops, outs["start_ns"].to_numpy(), outs["global_tid"].to_numpy())
+        found = owner >= 0
+        out_json.iloc[owner[found]] = outs["text"].str[len(nvtx_names.OUT):].to_numpy()[found]
+    # Payloads that already hold outputs (captures made before out ranges existed) stay as they are.
+    well_formed = payload.str.endswith("}") & ~payload.str.contains('"out":', regex=False)
+    return payload.where(~well_formed, payload.str[:-1] + ',"out":' + out_json + "}")
+
+
+def attribute(kernels: pd.DataFrame, runtime_api: pd.DataFrame, nvtx: pd.DataFrame, steps: Steps) -> pd.DataFrame:
+    """Attribution table, one row per kernel (same order as ``kernels``), with columns:
+    kernel_id, api_start_ns, api_end_ns, api_tid, api_name, step (-1 outside every step),
+    phase (forward/backward/optimizer/other), module (qualified path, '' if none),
+    module_class, op (aten op name, '' if none), op_args (JSON text of shapes/dtypes, '' if none),
+    op_call (index of the op call that launched it, -1 if none).
+
+    Kernels with no launch call in the export (API tracing off) whose steps are windows of the
+    whole capture fall back to their own start time for the step window."""
+    out = launch_calls(kernels, runtime_api)
+    out.insert(0, "kernel_id", kernels["kernel_id"].to_numpy())
+    when = out["api_start_ns"].to_numpy(dtype=float)
+    when = np.where(np.isnan(when), kernels["start_ns"].to_numpy(dtype=float), when)
+    st = steps.table
+    idx = window_index(st["start_ns"].to_numpy(), st["end_ns"].to_numpy(), when)
+    out["step"] = np.where(idx >= 0, st["step"].to_numpy()[np.maximum(idx, 0)], -1)
+
+    text = nvtx["text"].fillna("") if not nvtx.empty else pd.Series(dtype=str)
+    phase = nvtx[text.str.startswith(nvtx_names.PHASE)] if not nvtx.empty else nvtx
+    phase = _outermost(phase) if not phase.empty else phase
+    pidx = window_index(phase["start_ns"].to_numpy(), phase["end_ns"].to_numpy(), when) if not phase.empty else np.full(len(out), -1)
+    phase_names = phase["text"].str[len(nvtx_names.PHASE):].to_numpy() if not phase.empty else np.array([])
+
+    tid = out["api_tid"].to_numpy(dtype=float)
+    api_start = out["api_start_ns"].to_numpy(dtype=float)
+    modules = nvtx[text.str.startswith(nvtx_names.MODULE)].reset_index(drop=True) if not nvtx.empty else nvtx
+    midx = innermost_range(modules, api_start, tid)
+    mod_text = modules["text"].str[len(nvtx_names.MODULE):] if not modules.empty else pd.Series(dtype=str)
+    mod_path = mod_text.str.rsplit("|", n=1).str[0].to_numpy() if not modules.empty else np.array([])
+    mod_cls = mod_text.str.rsplit("|", n=1).str[-1].to_numpy() if not modules.empty else np.array([])
+    out["module"] = np.where(midx >= 0, mod_path[np.maximum(midx, 0)] if len(mod_path) else "", "")
+    out["module_class"] = np.where(midx >= 0, mod_cls[np.maximum(midx, 0)] if len(mod_cls) else "", "")
+
+    has_module = midx >= 0
+    named_phase = np.where(pidx >= 0, phase_names[np.maximum(pidx, 0)] if len(phase_names) else "other", "other")
+    out["phase"] = np.where(has_module & (pidx < 0), "forward", named_phase)
+
+    ops = nvtx[text.str.startswith(nvtx_names.OP)].reset_index(drop=True) if not nvtx.empty else nvtx
+    oidx = innermost_range(ops, api_start, tid)
+    if not ops.empty:
+        payload = op_payloads(ops, nvtx[text.str.startswith(nvtx_names.OUT)])
+        names = payload.str.extract(r'^\{"op":"([^"]*)"', expand=False).fillna("?").to_numpy()
+        payload = payload.to_numpy()
+        out["op"] = np.where(oidx >= 0, names[np.maximum(oidx, 0)], "")
+        out["op_args"] = np.where(oidx >= 0, payload[np.maximum(oidx, 0)], "")
+    else:
+        out["op"] = ""
+        out["op_args"] = ""
+    out["op_call"] = oidx  # which op call (range) launched it; kernels of one call share its cost
+    return out.reset_index(drop=True)

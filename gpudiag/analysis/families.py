@@ -1,0 +1,63 @@
+"""Kernel families from kernel names (the first-cut classifier and the gate group by them).
+
+Patterns are matched in order, case-insensitively, on the demangled name. They cover the names
+PyTorch's ATen, cuBLAS/cuBLASLt (incl. nvjet and CUTLASS sm90 kernels), cuDNN, FlashAttention and
+Triton (Inductor) emit; anything else is ``other``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+FAMILY_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("attention", r"flash|fmha|attention|sdpa|mha_|_attn"),
+    ("conv", r"conv(olution|_|\d)|implicit_gemm|winograd|fprop|dgrad|wgrad"),
+    ("gemm", r"gemm|cutlass|cublas|nvjet|xmma|wgmma|sm\d+_xmma|matmul|_mma_"),
+    # not a bare "lamb": every ATen kernel name contains "lambda"
+    ("optimizer", r"multi_tensor_apply|foreach|fused_adam|adamw?_|\blamb_|sgd_"),
+    ("norm", r"layer_norm|layernorm|rms_?norm|batch_norm|batchnorm|group_norm|groupnorm|welford"),
+    ("softmax", r"softmax"),
+    ("reduce", r"reduce_kernel|reduction|reduce"),
+    ("copy", r"copy|cat_|catarray|transpose|permute|index|gather|scatter|roll|memcpy|fill"),
+    ("elementwise", r"elementwise|vectorized|unrolled|pointwise|triton_poi"),
+)
+
+_COMPILED = [(family, re.compile(pattern, re.IGNORECASE)) for family, pattern in FAMILY_PATTERNS]
+
+# Families whose kernels are tensor contractions (the compute-bound candidates).
+CONTRACTION_FAMILIES = frozenset({"gemm", "conv", "attention"})
+
+
+def family_of(name: str) -> str:
+    """Family of one kernel name (see :data:`FAMILY_PATTERNS`)."""
+    for family, pattern in _COMPILED:
+        if pattern.search(name or ""):
+            return family
+    return "other"
+
+
+def families(names: pd.Series) -> pd.Series:
+    """Family per kernel, computed once per distinct name."""
+    uniques = names.fillna("").unique()
+    return names.fillna("").map(dict(zip(uniques, (family_of(n) for n in uniques))))
+
+
+# Functor or implementation names inside ATen's generic kernels' template arguments: they say what
+# an "elementwise_kernel" actually computes.
+_INNER = re.compile(r"([A-Za-z_]\w*?(?:_kernel_cuda|_functor|Functor|KernelImpl|_kernel_impl|Kernel|_kernel|_op))\b")
+_GENERIC = {"gpu_kernel_impl_nocast", "gpu_kernel_impl", "elementwise_kernel", "unrolled_elementwise_kernel",
+            "vectorized_elementwise_kernel", "reduce_kernel", "func_wrapper_t", "ReduceOp"}
+_DTYPES = (("BFloat16", "bf16"), ("Half", "fp16"), ("float", "fp32"), ("double", "fp64"))
+
+
+def kernel_label(name: str, short_name: str | None) -> str:
+    """A readable label for a kernel: its short name plus, for ATen's generic kernels, the functor
+    that says what it computes and the dtype, e.g. ``elementwise_kernel · direct_copy_kernel_cuda · bf16``."""
+    short = short_name or (name or "")[:80]
+    if not name or short not in _GENERIC:
+        return short
+    inner = next((m for m in _INNER.findall(name) if m not in _GENERIC and m != short), None)
+    dtype = next((label for token, label in _DTYPES if token in name), None)
+    return " · ".join(p for p in (short, inner, dtype) if p)

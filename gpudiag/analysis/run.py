@@ -1,0 +1,259 @@
+"""The analysis of one run: from an nsys export to the plain data the reporters render.
+
+``ingest`` loads an export into a run database; ``analyse`` reads the run database, writes the
+attribution and classification back to it, and returns a JSON-able dict (``report.json``'s
+content, documented in docs/architecture.md). Statistics are over *measured* steps: not warm-up,
+not the detail step (whose per-op ranges slow it down; its extra time is the instrumentation
+overhead the report shows).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import sqlite_utils
+
+from gpudiag import __version__, store
+from gpudiag.analysis import peaks as peaks_mod
+from gpudiag.analysis.attribution import Steps, attribute, find_steps
+from gpudiag.analysis.classify import classify
+from gpudiag.analysis.families import kernel_label
+from gpudiag.analysis.timeline import (gpu_activities, idle_intervals, launch_stats, step_table,
+                                       stream_gaps)
+from gpudiag.sources.nsys_sqlite import kernel_summary, read_export
+
+REPORT_SCHEMA_VERSION = 1
+CLASSES = ("compute", "bandwidth", "overhead")
+
+
+def ingest(export_path: Path, db_path: Path, source_name: str | None = None) -> sqlite_utils.Database:
+    """Read the nsys SQLite export at ``export_path`` into a new run database at ``db_path``.
+    Raises :class:`gpudiag.sources.nsys_sqlite.ExportError` for a file that is not an export."""
+    export = read_export(export_path)
+    kernels = export.kernels.copy()
+    kernels.insert(0, "kernel_id", np.arange(len(kernels), dtype=np.int64))
+    tables = {"kernels": kernels, "runtime_api": export.runtime_api, "memcpy": export.memcpy,
+              "memset": export.memset, "sync": export.sync, "nvtx_ranges": export.nvtx_ranges,
+              "devices": export.devices}
+    return store.create_run_db(db_path, tables, {"source": source_name or export_path.name,
+                                                 "missing": export.missing})
+
+
+def _per_step(values: pd.Series, n_steps: int) -> float:
+    return float(values.sum()) / n_steps if n_steps else float("nan")
+
+
+def _stats(values: pd.Series) -> dict:
+    if values.empty:
+        return {"mean": None, "median": None, "min": None, "max": None}
+    return {"mean": float(values.mean()), "median": float(values.median()),
+            "min": float(values.min()), "max": float(values.max())}
+
+
+def _module_table(k: pd.DataFrame, module_paths: list[str], n_steps: int, step_ns: float) -> list[dict]:
+    """Inclusive and self GPU time per module path (forward pass), per measured step."""
+    in_module = k[k["module"] != ""]
+    if in_module.empty:
+        return []
+    self_ns = in_module.groupby("module")["duration_ns"].sum()
+    cls = in_module.groupby("module")["module_class"].first()
+    # Inclusive time: each kernel counts for its module and every ancestor that is itself a module.
+    known = set(module_paths) | set(self_ns.index)
+    rows = []
+    for path, ns in self_ns.items():  # one iteration per distinct module path, not per kernel
+        parts = path.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            if prefix in known:
+                rows.append((prefix, ns))
+    incl = pd.DataFrame(rows, columns=["module", "ns"]).groupby("module")["ns"].sum()
+    dominant = in_module.groupby(["module", "kernel_class"])["duration_ns"].sum().unstack(fill_value=0)
+    table = []
+    for path, ns in incl.sort_values(ascending=False).items():
+        per = ns / n_steps
+        table.append({
+            "module": path, "module_class": cls.get(path, ""), "depth": path.count("."),
+            "inclusive_ns_per_step": per, "self_ns_per_step": float(self_ns.get(path, 0)) / n_steps,
+            "share_of_step_percent": 100.0 * per / step_ns if step_ns else None,
+            "dominant_class": dominant.loc[path].idxmax() if path in dominant.index else None,
+        })
+    return table
+
+
+def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | None = None,
+            status: dict | None = None, top: int = 20) -> dict:
+    """Analyse the run database ``db``; returns report.json's content (see module docstring).
+
+    Writes ``kernel_attribution``, ``kernel_class`` and ``steps`` tables back into ``db``.
+    Raises ValueError for an invalid ``steps_from`` regular expression."""
+    meta = store.read_meta(db)
+    kernels = store.read_table(db, "kernels")
+    runtime_api = store.read_table(db, "runtime_api")
+    nvtx = store.read_table(db, "nvtx_ranges")
+    devices = store.read_table(db, "devices")
+    memcpy, memset = store.read_table(db, "memcpy"), store.read_table(db, "memset")
+    warnings: list[str] = []
+    if kernels.empty:
+        raise ValueError("the export holds no CUDA kernels: was the script run with --trace=cuda on a GPU?")
+    if nvtx.empty:
+        nvtx = pd.DataFrame(columns=["start_ns", "end_ns", "text", "global_tid", "global_pid", "event_type", "domain_id"])
+
+    steps: Steps = find_steps(nvtx, kernels, steps_from)
+    if steps.kind == "whole":
+        warmup_steps = 0
+        warnings.append("no step ranges found: the whole capture is treated as one step")
+    attribution = attribute(kernels, runtime_api, nvtx, steps)
+    dev = devices.iloc[0] if not devices.empty else pd.Series(dtype=object)
+    device_peaks = peaks_mod.lookup(str(dev.get("name", "")), int(dev.get("sm_count", 0) or 0),
+                                    dev.get("memory_bandwidth_bytes_per_s"))
+    classes = classify(kernels, attribution, device_peaks)
+    detail_step = (status or {}).get("detail_step")
+    if detail_step is None and (attribution["op_call"] >= 0).any():
+        detail_step = int(attribution.loc[attribution["op_call"] >= 0, "step"].mode().iloc[0])
+    activities = gpu_activities(kernels, memcpy, memset)
+    st = step_table(steps.table, kernels, attribution, activities, warmup_steps, detail_step)
+    idle = idle_intervals(activities, attribution, kernels)
+    gaps = stream_gaps(kernels, attribution)
+    launches = launch_stats(kernels, attribution)
+
+    store.write_table(db, "kernel_attribution", attribution)
+    store.write_table(db, "kernel_class", classes)
+    store.write_table(db, "steps", st)
+
+    measured = st[st["measured"]]
+    n = len(measured)
+    measured_ids = set(measured["step"])
+    k = kernels.assign(**{c: attribution[c].to_numpy() for c in ("step", "phase", "module", "module_class", "op")},
+                       **{c: classes[c].to_numpy() for c in ("family", "kernel_class", "evidence", "intensity", "ridge", "efficiency")})
+    k["queue_delay_ns"] = launches["queue_delay_ns"].to_numpy()
+    k["shorter_than_launch"] = launches["shorter_than_launch"].to_numpy()
+    km = k[k["step"].isin(measured_ids)]
+
+    # Idle split per step: GPU-idle intervals inside each step's window.
+    win = measured[["step", "window_start_ns", "gpu_end_ns"]].sort_values("window_start_ns")
+    idle = idle.assign(step=-1)
+    if not idle.empty and not win.empty:
+        pos = np.searchsorted(win["window_start_ns"].to_numpy(), idle["start_ns"].to_numpy(), side="right") - 1
+        ok = (pos >= 0) & (idle["end_ns"].to_numpy() <= win["gpu_end_ns"].to_numpy()[np.maximum(pos, 0)])
+        idle["step"] = np.where(ok, win["step"].to_numpy()[np.maximum(pos, 0)], -1)
+    idle_m = idle[idle["step"].isin(measured_ids)]
+    host_idle = idle_m[idle_m["host_bound"]].groupby("step")["duration_ns"].sum()
+    class_ns = km.groupby(["step", "kernel_class"])["duration_ns"].sum().unstack(fill_value=0)
+    class_ns = class_ns.reindex(columns=list(CLASSES), fill_value=0)
+
+    per_step = []
+    for row in st.itertuples(index=False):
+        entry = {"step": int(row.step), "step_time_ns": int(row.step_time_ns), "busy_ns": int(row.busy_ns),
+                 "idle_ns": int(row.idle_ns), "kernels": int(row.kernels), "warmup": bool(row.warmup),
+                 "detail": bool(row.detail), "measured": bool(row.measured)}
+        if row.step in class_ns.index:
+            kernel_total = float(class_ns.loc[row.step].sum())
+            scale = row.busy_ns / kernel_total if kernel_total else 0.0  # concurrent streams count once
+            host = float(host_idle.get(row.step, 0))
+            entry.update({f"{c}_ns": float(class_ns.loc[row.step, c]) * scale for c in CLASSES})
+            entry["overhead_ns"] += host
+            entry["host_bound_idle_ns"] = host
+            entry["other_idle_ns"] = float(row.idle_ns) - host
+        per_step.append(entry)
+    ps = pd.DataFrame([e for e in per_step if e["measured"] and "compute_ns" in e])
+    step_ns = float(measured["step_time_ns"].mean()) if n else float("nan")
+    breakdown = {}
+    for key in ("compute_ns", "bandwidth_ns", "overhead_ns", "other_idle_ns"):
+        value = float(ps[key].mean()) if not ps.empty else 0.0
+        breakdown[key.replace("other_idle", "idle")] = value
+    breakdown_percent = {k2.replace("_ns", ""): 100.0 * v / step_ns if step_ns else None for k2, v in breakdown.items()}
+
+    summary = kernel_summary(km) if not km.empty else pd.DataFrame()
+    first = km.groupby("name").agg(short_name=("short_name", "first"), family=("family", "first"),
+                                    kernel_class=("kernel_class", lambda s: s.value_counts().index[0]),
+                                    evidence=("evidence", lambda s: s.value_counts().index[0]),
+                                    intensity=("intensity", "median"), ridge=("ridge", "median"),
+                                    efficiency=("efficiency", "median")) if not km.empty else pd.DataFrame()
+    top_kernels = []
+    for row in summary.head(top).itertuples(index=False):
+        info = first.loc[row.name]
+        top_kernels.append({
+            "name": row.name, "short_name": info["short_name"], "label": kernel_label(row.name, info["short_name"]),
+            "family": info["family"],
+            "kernel_class": info["kernel_class"], "evidence": info["evidence"],
+            "instances_per_step": row.instances / n, "time_ns_per_step": row.total_ns / n,
+            "avg_ns": row.avg_ns, "med_ns": row.med_ns, "share_of_gpu_time_percent": row.time_percent,
+            "intensity_flop_per_byte": _num(info["intensity"]), "ridge_flop_per_byte": _num(info["ridge"]),
+            "efficiency": _num(info["efficiency"]),
+        })
+
+    module_paths = nvtx["text"].dropna()
+    module_paths = module_paths[module_paths.str.startswith("gpudiag:module ")].str[15:].str.rsplit("|", n=1).str[0].unique().tolist()
+    gaps_m = gaps.merge(k[["kernel_id", "step", "name", "short_name"]], on="kernel_id")
+    gaps_m = gaps_m[gaps_m["step"].isin(measured_ids)]
+    stream_rows = []
+    for stream, g in gaps_m.groupby("stream_id"):
+        hb = g[g["host_bound"]]
+        stream_rows.append({"stream_id": int(stream), "gaps_per_step": len(g) / n, "host_bound_gaps_per_step": len(hb) / n,
+                            "host_bound_ns_per_step": float(hb["gap_ns"].sum()) / n,
+                            "other_ns_per_step": float(g.loc[~g["host_bound"], "gap_ns"].sum()) / n})
+    waited = idle_m[idle_m["host_bound"]].merge(k[["kernel_id", "name", "short_name", "module", "op"]],
+                                                 left_on="next_kernel_id", right_on="kernel_id", how="left")
+    top_waits = (waited.groupby("short_name", dropna=False)["duration_ns"].agg(["sum", "count"])
+                 .sort_values("sum", ascending=False).head(10))
+    phases = (km.groupby("phase")["duration_ns"].sum() / n).to_dict() if n else {}
+
+    instrumentation = None
+    if detail_step is not None and detail_step in set(st["step"]):
+        d = st.loc[st["step"] == detail_step].iloc[0]
+        med = float(measured["step_time_ns"].median()) if n else float("nan")
+        instrumentation = {"detail_step": int(detail_step), "detail_step_time_ns": float(d["step_time_ns"]),
+                           "median_step_time_ns": med, "op_ranges_overhead_ns": float(d["step_time_ns"]) - med,
+                           "op_ranges_overhead_percent": 100.0 * (float(d["step_time_ns"]) - med) / med if med else None,
+                           "op_calls_recorded": int(nvtx["text"].fillna("").str.startswith("gpudiag:op ").sum())}
+    if meta.get("missing"):
+        warnings.append("missing from the export: " + ", ".join(meta["missing"][:12]))
+    if status and status.get("exit_code") not in (0, None):
+        warnings.append(f"the script failed (exit code {status.get('exit_code')}): {status.get('exception') or 'see gpudiag.log'}; "
+                        "this report covers what was captured until then")
+
+    return {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "gpudiag_version": __version__,
+        "source": meta.get("source"),
+        "script": status or None,
+        "device": {"name": device_peaks.name, "sm_count": device_peaks.sm_count,
+                   "memory_bandwidth_bytes_per_s": device_peaks.bandwidth, "peak_flop_per_s": device_peaks.flops,
+                   "peaks_source": device_peaks.source, "launch_overhead_ns": device_peaks.launch_overhead_ns},
+        "steps": {"source": steps.source, "kind": steps.kind, "count": int(len(st)), "warmup_steps": int(min(warmup_steps, len(st))),
+                  "detail_step": detail_step, "measured": n,
+                  "step_time_ns": _stats(measured["step_time_ns"].astype(float)),
+                  "per_step": per_step},
+        "gpu_busy_percent": 100.0 * float(measured["busy_ns"].sum() / measured["step_time_ns"].sum()) if n else None,
+        "breakdown_ns_per_step": breakdown,
+        "breakdown_percent": breakdown_percent,
+        "classification": {"method": "first cut: op shapes where recorded, else kernel name heuristics",
+                           "evidence_share_percent": _shares(km, "evidence"),
+                           "class_share_of_kernel_time_percent": _shares(km, "kernel_class")},
+        "phases_ns_per_step": {p: float(v) for p, v in phases.items()},
+        "top_kernels": top_kernels,
+        "families_ns_per_step": {f: float(v) / n for f, v in km.groupby("family")["duration_ns"].sum().items()} if n else {},
+        "modules": _module_table(km, module_paths, n, step_ns) if n else [],
+        "idle": {
+            "host_bound_idle_ns_per_step": _per_step(idle_m.loc[idle_m["host_bound"], "duration_ns"], n),
+            "other_idle_ns_per_step": _per_step(idle_m.loc[~idle_m["host_bound"], "duration_ns"], n),
+            "streams": stream_rows,
+            "kernels_shorter_than_launch_per_step": float(km["shorter_than_launch"].sum()) / n if n else None,
+            "median_queue_delay_ns": _num(km["queue_delay_ns"].median()),
+            "top_waiting_kernels": [{"short_name": str(name), "idle_ns_per_step": float(r["sum"]) / n, "waits_per_step": float(r["count"]) / n}
+                                    for name, r in top_waits.iterrows()],
+        },
+        "instrumentation": instrumentation,
+        "warnings": warnings,
+    }
+
+
+def _num(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _shares(df: pd.DataFrame, column: str) -> dict:
+    total = df["duration_ns"].sum()
+    return {str(k): 100.0 * float(v) / total for k, v in df.groupby(column)["duration_ns"].sum().items()} if total else {}

@@ -1,0 +1,134 @@
+"""GPU timeline: step times, busy and idle time, host-bound gaps, launch delays.
+
+Definitions (docs/architecture.md has the picture):
+
+- A step's *GPU window* runs from the end of the previous step's last GPU activity to the end of
+  its own last activity (activities attributed by launch call, see attribution). Its length is the
+  step time: the period at which steps complete on the GPU, idle time between steps included. The
+  first step's window starts at its first activity.
+- *Busy* time is the union of kernel, memcpy and memset intervals inside the window (not the sum:
+  concurrent streams count once). *Idle* = step time - busy.
+- An idle interval of the whole GPU is *host-bound* when the activity that ends it was launched
+  after the interval began: the launch queue was empty and the GPU waited for the host
+  (design.md: overhead time, attributed to the kernel that waited).
+- Per stream, a gap between consecutive kernels is host-bound when the later kernel's launch call
+  ended after the earlier kernel finished.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of intervals [start, end) as sorted disjoint (starts, ends) arrays (ns)."""
+    if len(starts) == 0:
+        return np.array([], dtype=np.int64), np.array([], dtype=np.int64)
+    order = np.argsort(starts, kind="stable")
+    s, e = np.asarray(starts, np.int64)[order], np.asarray(ends, np.int64)[order]
+    run_end = np.maximum.accumulate(e)
+    new_block = np.ones(len(s), dtype=bool)
+    new_block[1:] = s[1:] > run_end[:-1]
+    block_id = np.cumsum(new_block) - 1
+    m_s = s[new_block]
+    m_e = np.zeros(len(m_s), dtype=np.int64)
+    np.maximum.at(m_e, block_id, e)
+    return m_s, m_e
+
+
+def covered_ns(m_s: np.ndarray, m_e: np.ndarray, w_s: np.ndarray, w_e: np.ndarray) -> np.ndarray:
+    """Length of the union (given as merged disjoint intervals) inside each window [w_s, w_e)."""
+    if len(m_s) == 0:
+        return np.zeros(len(w_s), dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(m_e - m_s)])  # covered length before block i
+
+    def covered_before(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(m_s, t, side="right")  # blocks starting at or before t
+        partial = np.where(i > 0, np.minimum(t, m_e[np.maximum(i - 1, 0)]) - m_s[np.maximum(i - 1, 0)], 0)
+        return cum[np.maximum(i - 1, 0)] * (i > 0) + np.maximum(partial, 0)
+
+    w_s, w_e = np.asarray(w_s, np.int64), np.asarray(w_e, np.int64)
+    return covered_before(w_e) - covered_before(w_s)
+
+
+def gpu_activities(kernels: pd.DataFrame, memcpy: pd.DataFrame, memset: pd.DataFrame) -> pd.DataFrame:
+    """All GPU work as one table: start_ns, end_ns, kind (kernel/memcpy/memset), stream_id,
+    global_pid, correlation_id, kernel_id (NaN for copies)."""
+    cols = ["start_ns", "end_ns", "stream_id", "global_pid", "correlation_id"]
+    parts = [kernels[cols + ["kernel_id"]].assign(kind="kernel")]
+    for name, df in (("memcpy", memcpy), ("memset", memset)):
+        if not df.empty:
+            parts.append(df[cols].assign(kind=name, kernel_id=np.nan))
+    return pd.concat(parts, ignore_index=True).sort_values("start_ns", kind="stable", ignore_index=True)
+
+
+def step_table(steps: pd.DataFrame, kernels: pd.DataFrame, attribution: pd.DataFrame,
+               activities: pd.DataFrame, warmup_steps: int, detail_step: int | None) -> pd.DataFrame:
+    """One row per step with: step, cpu_start_ns, cpu_end_ns, gpu_start_ns, gpu_end_ns,
+    step_time_ns (GPU window), busy_ns, idle_ns, kernels, kernel_ns (sum of durations),
+    warmup (bool), detail (bool, the step recorded with op ranges), measured (in statistics).
+    Steps with no kernels are dropped."""
+    k = kernels[["start_ns", "end_ns", "duration_ns"]].assign(step=attribution["step"].to_numpy())
+    k = k[k["step"] >= 0]
+    g = k.groupby("step")
+    per = pd.DataFrame({"gpu_start_ns": g["start_ns"].min(), "gpu_end_ns": g["end_ns"].max(),
+                        "kernels": g.size(), "kernel_ns": g["duration_ns"].sum()})
+    t = steps.set_index("step").rename(columns={"start_ns": "cpu_start_ns", "end_ns": "cpu_end_ns"}).join(per, how="inner")
+    t = t.sort_index()
+    window_start = t["gpu_end_ns"].shift(1)
+    window_start.iloc[:1] = t["gpu_start_ns"].iloc[:1]
+    t["window_start_ns"] = window_start.astype(np.int64)
+    t["step_time_ns"] = t["gpu_end_ns"] - t["window_start_ns"]
+    m_s, m_e = merge_intervals(activities["start_ns"].to_numpy(), activities["end_ns"].to_numpy())
+    t["busy_ns"] = covered_ns(m_s, m_e, t["window_start_ns"].to_numpy(), t["gpu_end_ns"].to_numpy())
+    t["idle_ns"] = t["step_time_ns"] - t["busy_ns"]
+    position = np.arange(len(t))
+    t["warmup"] = position < warmup_steps
+    t["detail"] = t.index.to_numpy() == (detail_step if detail_step is not None else -10**9)
+    t["measured"] = ~t["warmup"] & ~t["detail"]
+    if not t["measured"].any():  # a capture of only warm-up steps: report them rather than nothing
+        t["measured"] = ~t["detail"] if (~t["detail"]).any() else True
+    return t.reset_index()
+
+
+def idle_intervals(activities: pd.DataFrame, attribution: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
+    """Intervals where the whole GPU was idle, between consecutive merged busy blocks:
+    start_ns, end_ns, duration_ns, host_bound (bool), next_kernel_id (the kernel that ended the
+    idle time, if a kernel did)."""
+    act = activities.copy()
+    launch_end = pd.Series(attribution["api_end_ns"].to_numpy(), index=kernels["kernel_id"].to_numpy())
+    act["api_end_ns"] = act["kernel_id"].map(launch_end)
+    m_s, m_e = merge_intervals(act["start_ns"].to_numpy(), act["end_ns"].to_numpy())
+    if len(m_s) < 2:
+        return pd.DataFrame(columns=["start_ns", "end_ns", "duration_ns", "host_bound", "next_kernel_id"])
+    gaps = pd.DataFrame({"start_ns": m_e[:-1], "end_ns": m_s[1:]})
+    # The activity that ends a gap is the first to start at the next block's start.
+    first = act.drop_duplicates("start_ns").set_index("start_ns")
+    nxt = first.reindex(gaps["end_ns"].to_numpy())
+    gaps["duration_ns"] = gaps["end_ns"] - gaps["start_ns"]
+    gaps["host_bound"] = (nxt["api_end_ns"].to_numpy() > gaps["start_ns"].to_numpy())
+    gaps["next_kernel_id"] = nxt["kernel_id"].to_numpy()
+    return gaps
+
+
+def stream_gaps(kernels: pd.DataFrame, attribution: pd.DataFrame) -> pd.DataFrame:
+    """Gaps between consecutive kernels on each stream: kernel_id (the later kernel), stream_id,
+    gap_ns (> 0 only), host_bound (its launch call ended after the previous kernel finished)."""
+    k = kernels[["kernel_id", "stream_id", "start_ns", "end_ns"]].assign(api_end_ns=attribution["api_end_ns"].to_numpy())
+    k = k.sort_values(["stream_id", "start_ns"], kind="stable")
+    prev_end = k.groupby("stream_id")["end_ns"].shift(1)
+    k["gap_ns"] = k["start_ns"] - prev_end
+    k["host_bound"] = k["api_end_ns"] > prev_end
+    return k[k["gap_ns"] > 0][["kernel_id", "stream_id", "gap_ns", "host_bound"]].reset_index(drop=True)
+
+
+def launch_stats(kernels: pd.DataFrame, attribution: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel: queue_delay_ns (kernel start - launch call start) and shorter_than_launch
+    (kernel duration < its launch call's duration: the host cannot keep such kernels fed)."""
+    api_dur = attribution["api_end_ns"].to_numpy(dtype=float) - attribution["api_start_ns"].to_numpy(dtype=float)
+    return pd.DataFrame({
+        "kernel_id": kernels["kernel_id"].to_numpy(),
+        "queue_delay_ns": kernels["start_ns"].to_numpy(dtype=float) - attribution["api_start_ns"].to_numpy(dtype=float),
+        "shorter_than_launch": kernels["duration_ns"].to_numpy(dtype=float) < api_dur,
+    })

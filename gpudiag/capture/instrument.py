@@ -1,0 +1,390 @@
+"""NVTX instrumentation injected into the user's process, without editing the user's script.
+
+What it adds (texts defined in :mod:`gpudiag.nvtx_names`):
+
+- one NVTX start/end range per step. A step ends at ``optimizer.step()`` (global optimizer step
+  post-hook), at a ``gpudiag.step()`` call, or, with ``steps_from="nvtx:REGEX"``, steps are the
+  user's own ranges and none are injected. Step 0 opens at the first top-level module forward;
+  step k+1 opens where step k ends, so input-pipeline time between iterations belongs to a step.
+- one push/pop range per ``nn.Module`` forward, named by its qualified path (global forward hooks);
+- push/pop phase ranges around ``torch.autograd.backward`` and ``optimizer.step()``;
+- on the detail step only, one range per aten op with input/output shapes and dtypes
+  (a ``TorchDispatchMode``; it also sees backward ops on autograd threads).
+
+The NVTX calls go through a tiny backend object so tests can record them on a CPU-only torch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+from gpudiag import nvtx_names
+
+
+@dataclass
+class CaptureConfig:
+    """Options of one capture, passed from ``gpudiag profile`` to the launcher as JSON.
+
+    steps_from: ``"auto"`` (``gpudiag.step()`` calls if the script makes them, else
+        ``optimizer.step()``), ``"optimizer"``, ``"call"`` or ``"nvtx:REGEX"``.
+    detail_step: index of the step recorded with per-op ranges; None means ``warmup_steps``.
+    module_ranges / op_ranges: switch the module and op ranges off (to measure their overhead).
+    """
+
+    steps_from: str = "auto"
+    warmup_steps: int = 2
+    detail_step: int | None = None
+    module_ranges: bool = True
+    op_ranges: bool = True
+
+    @property
+    def effective_detail_step(self) -> int:
+        return self.warmup_steps if self.detail_step is None else self.detail_step
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CaptureConfig":
+        return cls(**json.loads(text))
+
+
+class TorchNvtx:
+    """NVTX through ``torch.cuda.nvtx`` (no extra dependency; works wherever CUDA torch does)."""
+
+    def __init__(self) -> None:
+        import torch.cuda.nvtx as nvtx
+
+        # Bind the originals: the nvtx:REGEX step mode wraps the module's functions.
+        self.push = nvtx.range_push
+        self.pop = nvtx.range_pop
+        self.start = nvtx.range_start
+        self.end = nvtx.range_end
+
+
+class NullNvtx:
+    """Does nothing: used where torch has no NVTX (a CPU-only build), so the script still runs."""
+
+    def push(self, text: str) -> None:
+        pass
+
+    def pop(self) -> None:
+        pass
+
+    def start(self, text: str) -> int:
+        return 0
+
+    def end(self, range_id: int) -> None:
+        pass
+
+
+def default_nvtx():
+    """:class:`TorchNvtx` if this torch can emit NVTX, else :class:`NullNvtx` with a warning."""
+    backend = TorchNvtx()
+    try:
+        backend.push(nvtx_names.PREFIX + "probe")
+        backend.pop()
+    except RuntimeError as exc:  # CPU-only torch: "NVTX functions not installed"
+        import warnings
+
+        warnings.warn(f"gpudiag: no NVTX in this torch ({exc}); the capture will have no gpudiag ranges")
+        return NullNvtx()
+    return backend
+
+
+@dataclass
+class _State:
+    config: CaptureConfig
+    nvtx: object
+    step_index: int = -1  # index of the open step, -1 before the first
+    step_range: object = None
+    step_mode: str = "optimizer"
+    step_regex: re.Pattern | None = None
+    op_mode: object = None
+    module_names: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary)
+    steps_completed: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_state: _State | None = None
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def describe_value(value):
+    """JSON-able description of one aten argument: tensors as ``"bfloat16[32,768]"``, long tensor
+    lists summarised (optimizer foreach ops pass hundreds), scalars and small lists as they are."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"{_dtype_name(value.dtype)}[{','.join(str(s) for s in value.shape)}]"
+    if isinstance(value, (list, tuple)):
+        if len(value) > 8 and all(isinstance(v, torch.Tensor) for v in value):
+            return {
+                "tensors": len(value),
+                "dtype": _dtype_name(value[0].dtype),
+                "numel": int(sum(v.numel() for v in value)),
+            }
+        return [describe_value(v) for v in value[:16]]
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return str(value)
+    return type(value).__name__
+
+
+def op_range_text(func, args, kwargs) -> str:
+    """NVTX text of one aten op call: name and described inputs (positional, then keyword)."""
+    inputs = [describe_value(a) for a in args]
+    if kwargs:
+        inputs.append({k: describe_value(v) for k, v in kwargs.items()})
+    # func is an OpOverload such as aten.mm.default; its schema name is "aten::mm".
+    name = func._schema.name if hasattr(func, "_schema") else str(func)
+    return nvtx_names.OP + json.dumps({"op": name, "in": inputs}, separators=(",", ":"))
+
+
+def out_range_text(out) -> str:
+    """NVTX text of an op's outputs, emitted as an empty range nested at the end of the op's range."""
+    return nvtx_names.OUT + json.dumps(describe_value(out), separators=(",", ":"))
+
+
+def _make_op_mode(nvtx):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpRanges(TorchDispatchMode):
+        """One NVTX range per aten op, enclosing its kernel launches. Outputs are only known after
+        the call, so they go into an empty range nested just before the op's range closes."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func.namespace == "profiler":  # record_function markers launch nothing
+                return func(*args, **kwargs)
+            nvtx.push(op_range_text(func, args, kwargs))
+            try:
+                out = func(*args, **kwargs)
+                nvtx.push(out_range_text(out))
+                nvtx.pop()
+                return out
+            finally:
+                nvtx.pop()
+
+    return OpRanges()
+
+
+# ---- steps -------------------------------------------------------------------------------------
+
+def _open_step(state: _State) -> None:
+    state.step_index += 1
+    state.step_range = state.nvtx.start(f"{nvtx_names.STEP}{state.step_index}")
+    if state.config.op_ranges and state.step_index == state.config.effective_detail_step:
+        state.op_mode = _make_op_mode(state.nvtx)
+        state.op_mode.__enter__()
+
+
+def _close_step(state: _State) -> None:
+    if state.op_mode is not None:
+        state.op_mode.__exit__(None, None, None)
+        state.op_mode = None
+    if state.step_range is not None:
+        state.nvtx.end(state.step_range)
+        state.step_range = None
+        state.steps_completed += 1
+
+
+def step_boundary() -> None:
+    """End the open step and open the next one (called at ``optimizer.step()`` or ``gpudiag.step()``)."""
+    state = _state
+    if state is None:
+        return
+    with state.lock:
+        if state.step_range is None and state.step_index == -1:
+            return  # a boundary before any forward: nothing measured yet
+        _close_step(state)
+        _open_step(state)
+
+
+def _ensure_step_open() -> None:
+    state = _state
+    if state is not None and state.step_mode != "nvtx" and state.step_index == -1:
+        with state.lock:
+            if state.step_index == -1:
+                _open_step(state)
+
+
+def user_step() -> None:
+    """Backend of :func:`gpudiag.step`: a step boundary when steps come from calls."""
+    if _state is not None and _state.step_mode == "call":
+        _ensure_step_open()
+        step_boundary()
+
+
+# ---- modules -----------------------------------------------------------------------------------
+
+def _module_name(state: _State, module) -> str:
+    name = state.module_names.get(module)
+    if name is None:
+        # Not named yet, so no parent has run: it is a root. Name it and its whole subtree now.
+        root = type(module).__name__
+        for path, sub in module.named_modules():
+            if sub not in state.module_names:
+                state.module_names[sub] = (path or root) + "|" + type(sub).__name__
+        name = state.module_names[module]
+    return name
+
+
+def _forward_pre_hook(module, args):
+    state = _state
+    if state is None:
+        return None
+    _ensure_step_open()
+    if state.config.module_ranges:
+        state.nvtx.push(nvtx_names.MODULE + _module_name(state, module))
+    return None
+
+
+def _forward_hook(module, args, output):
+    state = _state
+    if state is not None and state.config.module_ranges:
+        state.nvtx.pop()
+    return None
+
+
+# ---- phases ------------------------------------------------------------------------------------
+
+def _wrap_backward(torch):
+    original = torch.autograd.backward
+
+    def backward(*args, **kwargs):
+        state = _state
+        if state is None:
+            return original(*args, **kwargs)
+        _ensure_step_open()
+        state.nvtx.push(nvtx_names.PHASE + "backward")
+        try:
+            return original(*args, **kwargs)
+        finally:
+            state.nvtx.pop()
+
+    backward.__wrapped__ = original
+    torch.autograd.backward = backward
+
+
+def _optimizer_pre_hook(optimizer, args, kwargs):
+    state = _state
+    if state is not None:
+        _ensure_step_open()
+        state.nvtx.push(nvtx_names.PHASE + "optimizer")
+
+
+def _optimizer_post_hook(optimizer, args, kwargs):
+    state = _state
+    if state is None:
+        return
+    state.nvtx.pop()
+    if state.step_mode == "optimizer":
+        step_boundary()
+
+
+# ---- user NVTX steps ---------------------------------------------------------------------------
+
+def _wrap_user_nvtx(state: _State, torch) -> None:
+    """In ``nvtx:REGEX`` mode, count the user's matching ranges to know which one is the detail
+    step; wraps ``torch.cuda.nvtx.range_push`` (``torch.cuda.nvtx.range`` goes through it)."""
+    nvtx_mod = torch.cuda.nvtx
+    original_push, original_pop = nvtx_mod.range_push, nvtx_mod.range_pop
+    depth_of_step: list[int] = []
+    depth = [0]
+
+    def range_push(msg):
+        result = original_push(msg)
+        depth[0] += 1
+        if state.step_regex.search(str(msg)):
+            state.step_index += 1
+            depth_of_step.append(depth[0])
+            if state.config.op_ranges and state.step_index == state.config.effective_detail_step:
+                state.op_mode = _make_op_mode(state.nvtx)
+                state.op_mode.__enter__()
+        return result
+
+    def range_pop():
+        if depth_of_step and depth_of_step[-1] == depth[0]:
+            depth_of_step.pop()
+            if state.op_mode is not None:
+                state.op_mode.__exit__(None, None, None)
+                state.op_mode = None
+            state.steps_completed += 1
+        depth[0] -= 1
+        return original_pop()
+
+    nvtx_mod.range_push, nvtx_mod.range_pop = range_push, range_pop
+
+
+# ---- install / finish --------------------------------------------------------------------------
+
+def detect_step_mode(config: CaptureConfig, script_source: str) -> str:
+    """Resolve ``config.steps_from`` to ``"optimizer"``, ``"call"`` or ``"nvtx"``.
+
+    Raises ValueError for an unknown value or an invalid ``nvtx:`` regular expression."""
+    value = config.steps_from
+    if value == "auto":
+        return "call" if re.search(r"\bgpudiag\.step\(\)|\bfrom gpudiag import step\b", script_source) else "optimizer"
+    if value in ("optimizer", "call"):
+        return value
+    if value.startswith("nvtx:"):
+        re.compile(value[5:])
+        return "nvtx"
+    raise ValueError(f"unknown --steps-from {value!r}: use auto, optimizer, call or nvtx:REGEX")
+
+
+def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State:
+    """Install the hooks in this process. ``nvtx`` defaults to :func:`default_nvtx`.
+
+    Returns the capture state (steps seen, etc.). Raises ValueError for a bad ``steps_from``."""
+    global _state
+    import torch
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer as optim_module
+
+    state = _State(config=config, nvtx=nvtx or default_nvtx())
+    state.step_mode = detect_step_mode(config, script_source)
+    if state.step_mode == "nvtx":
+        state.step_regex = re.compile(config.steps_from[5:])
+        _wrap_user_nvtx(state, torch)
+    _state = state
+    nn_module.register_module_forward_pre_hook(_forward_pre_hook)
+    nn_module.register_module_forward_hook(_forward_hook, always_call=True)
+    optim_module.register_optimizer_step_pre_hook(_optimizer_pre_hook)
+    optim_module.register_optimizer_step_post_hook(_optimizer_post_hook)
+    _wrap_backward(torch)
+    return state
+
+
+def finish() -> dict:
+    """Close what is still open (a step that never reached its boundary becomes the ``tail``
+    range, which the analysis ignores) and return a summary of what was captured."""
+    global _state
+    state = _state
+    if state is None:
+        return {}
+    with state.lock:
+        if state.op_mode is not None:
+            state.op_mode.__exit__(None, None, None)
+            state.op_mode = None
+        if state.step_range is not None:
+            state.nvtx.end(state.step_range)
+            state.step_range = None
+            state.nvtx.push(nvtx_names.TAIL)  # marks that the last opened step was incomplete
+            state.nvtx.pop()
+    _state = None
+    return {
+        "step_mode": state.step_mode,
+        "steps_completed": state.steps_completed,
+        "detail_step": state.config.effective_detail_step if state.config.op_ranges else None,
+        "warmup_steps": state.config.warmup_steps,
+    }

@@ -1,0 +1,76 @@
+"""The launcher ``gpudiag profile`` runs under Nsight Systems:
+``python -m gpudiag.capture.launch --config JSON --status FILE script.py [args...]``.
+
+It installs the NVTX instrumentation (:mod:`gpudiag.capture.instrument`), runs the user's script as
+``__main__`` with the user's ``sys.argv``, and keeps the script's exit code. Whatever happens, it
+closes the open NVTX ranges and writes a status file (exit code, exception, steps seen) so that the
+profile of a crashed script is still exported and reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    return 1  # sys.exit("message") prints the message and exits 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the script; returns its exit code (also written to the status file)."""
+    parser = argparse.ArgumentParser(prog="gpudiag.capture.launch")
+    parser.add_argument("--config", required=True, help="CaptureConfig as JSON")
+    parser.add_argument("--status", required=True, help="where to write the status JSON")
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+
+    from gpudiag.capture import instrument
+
+    config = instrument.CaptureConfig.from_json(ns.config)
+    with open(ns.script, encoding="utf-8", errors="replace") as f:
+        source = f.read()
+    status = {"script": os.path.basename(ns.script), "args": ns.args, "exit_code": None,
+              "exception": None, "traceback": None, "started_unix_s": time.time()}
+    instrument.install(config, source)
+
+    sys.argv = [ns.script, *ns.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
+    code = 0
+    try:
+        runpy.run_path(ns.script, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException as exc:  # noqa: BLE001 - the user's crash is data, reported later
+        code = 1
+        status["exception"] = f"{type(exc).__name__}: {exc}"
+        status["traceback"] = traceback.format_exc()
+        traceback.print_exc()
+    finally:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # the kernels of the last step finish inside the capture
+        except Exception:  # noqa: BLE001 - a broken CUDA context must not hide the status
+            pass
+        status.update(instrument.finish())
+        status["exit_code"] = code
+        status["ended_unix_s"] = time.time()
+        with open(ns.status, "w", encoding="utf-8") as f:
+            json.dump(status, f, indent=1)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Locating Nsight Systems and building its command lines.
+
+Search order for the ``nsys`` executable (first hit wins): ``--nsys PATH``, ``$GPUDIAG_NSYS``,
+``PATH``, then the known install folders in :data:`KNOWN_GLOBS` (the Nsight Compute bundle ships
+an ``nsys`` too, which is the only one on some images).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+KNOWN_GLOBS = (
+    "/opt/nvidia/nsight-systems/*/bin/nsys",
+    "/opt/nvidia/nsight-systems-cli/*/bin/nsys",
+    "/usr/local/cuda/bin/nsys",
+    "/usr/local/cuda-*/bin/nsys",
+    "/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys",
+)
+
+INSTALL_HINT = ("install Nsight Systems (https://developer.nvidia.com/nsight-systems, or the "
+                "'nsight-systems-cli' apt package) or point at it with --nsys PATH or $GPUDIAG_NSYS")
+
+
+class ToolNotFound(RuntimeError):
+    """An external tool (nsys) could not be located; the message says how to fix it."""
+
+
+def locate_nsys(explicit: str | None = None) -> Path:
+    """Path of the nsys executable. Raises :class:`ToolNotFound` with an install hint."""
+    for candidate, origin in ((explicit, "--nsys"), (os.environ.get("GPUDIAG_NSYS"), "$GPUDIAG_NSYS")):
+        if candidate:
+            path = Path(candidate)
+            if path.is_file() and os.access(path, os.X_OK):
+                return path
+            raise ToolNotFound(f"{origin} {candidate}: not an executable file; {INSTALL_HINT}")
+    found = shutil.which("nsys")
+    if found:
+        return Path(found)
+    for pattern in KNOWN_GLOBS:
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return Path(hits[-1])  # newest version sorts last
+    raise ToolNotFound(f"nsys (Nsight Systems) not found; {INSTALL_HINT}")
+
+
+def profile_command(nsys: Path, report_base: Path, launcher_args: list[str]) -> list[str]:
+    """``nsys profile`` command line tracing CUDA (graphs per node), NVTX and OS runtime calls.
+
+    CPU sampling and context switches are off: gpudiag reads neither, and they dominate export
+    size. ``report_base`` has no extension; nsys appends ``.nsys-rep``."""
+    return [
+        str(nsys), "profile",
+        "--trace=cuda,nvtx,osrt",
+        "--cuda-graph-trace=node",
+        "--sample=none", "--cpuctxsw=none",
+        "--force-overwrite=true",
+        "--output", str(report_base),
+        sys.executable, "-m", "gpudiag.capture.launch", *launcher_args,
+    ]
+
+
+def export_command(nsys: Path, report: Path, sqlite_path: Path) -> list[str]:
+    """``nsys export`` command writing the SQLite export of ``report`` to ``sqlite_path``."""
+    return [str(nsys), "export", "--type", "sqlite", "--force-overwrite", "true",
+            "--output", str(sqlite_path), str(report)]
+
+
+def run_logged(cmd: list[str], log: Path, env: dict | None = None) -> int:
+    """Run ``cmd`` with stdout and stderr appended to ``log`` and echoed; returns the exit code."""
+    with open(log, "a", encoding="utf-8") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                text=True, errors="replace")
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            f.write(line)
+        return proc.wait()

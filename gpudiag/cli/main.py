@@ -1,0 +1,25 @@
+"""The ``gpudiag`` command group. Each command lives in its own module and stays thin: parse
+options, call the stages, print, choose the exit code."""
+
+from __future__ import annotations
+
+import click
+
+from gpudiag import __version__
+from gpudiag.cli import profile as profile_cmd
+from gpudiag.cli import report as report_cmd
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpudiag")
+def cli() -> None:
+    """GPU profiling and bottleneck diagnosis for PyTorch.
+
+    \b
+    gpudiag profile train.py -- --epochs 1     profile a script on this GPU
+    gpudiag report RUN_DIR_OR_SQLITE           analyse a run or any nsys SQLite export
+    """
+
+
+cli.add_command(profile_cmd.profile)
+cli.add_command(report_cmd.report)

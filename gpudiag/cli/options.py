@@ -1,0 +1,29 @@
+"""Options shared by the commands that analyse a capture (``profile`` and ``report``)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import click
+
+
+@dataclass
+class AnalysisOptions:
+    steps_from: str | None  # None: gpudiag's step ranges, else user ranges named step/iteration
+    warmup_steps: int
+
+
+def analysis_options(func):
+    """Adds ``--steps-from`` and ``--warmup-steps`` and passes them as one ``options`` argument."""
+
+    @click.option("--steps-from", default=None, metavar="SOURCE",
+                  help="Where steps come from: auto, optimizer, call (gpudiag.step()) or nvtx:REGEX "
+                       "(the user's own NVTX ranges whose text matches REGEX).")
+    @click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True,
+                  help="Leading steps excluded from the statistics.")
+    @functools.wraps(func)
+    def wrapper(*args, steps_from, warmup_steps, **kwargs):
+        return func(*args, options=AnalysisOptions(steps_from=steps_from, warmup_steps=warmup_steps), **kwargs)
+
+    return wrapper

@@ -1,0 +1,86 @@
+"""``gpudiag profile SCRIPT [-- ARGS]``: capture under Nsight Systems, then analyse and report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import click
+
+from gpudiag.capture import nsys
+from gpudiag.capture.instrument import CaptureConfig, detect_step_mode
+from gpudiag.capture.run import CaptureError, capture
+from gpudiag.cli.errors import UserError
+from gpudiag.cli.options import AnalysisOptions, analysis_options
+
+
+def default_run_dir(script: Path) -> Path:
+    """``gpudiag-runs/<script stem>-<YYYYmmdd-HHMMSS>``, relative to the current directory."""
+    return Path("gpudiag-runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare_run_dir(run_dir: Path, force: bool) -> None:
+    """Create ``run_dir``; refuse a non-empty one unless ``force`` (then it is emptied)."""
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not force:
+            raise UserError(f"{run_dir} already exists and is not empty: choose another -o DIR, or pass --force to replace it")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-o", "--output", "run_dir", type=click.Path(path_type=Path), help="Run directory [default: gpudiag-runs/<script>-<timestamp>].")
+@click.option("--force", is_flag=True, help="Replace an existing run directory.")
+@click.option("--nsys", "nsys_path", help="Path of the nsys executable (else $GPUDIAG_NSYS, PATH, known install folders).")
+@click.option("--detail-step", type=int, default=None, help="Step recorded with per-op ranges and shapes [default: first step after warm-up].")
+@click.option("--no-module-ranges", is_flag=True, help="Do not inject per-module NVTX ranges.")
+@click.option("--no-op-ranges", is_flag=True, help="Do not record per-op ranges on the detail step.")
+@click.option("--no-analysis", is_flag=True, help="Capture and export only (analyse later with 'gpudiag report RUN_DIR').")
+@analysis_options
+def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, force: bool, nsys_path: str | None,
+            detail_step: int | None, no_module_ranges: bool, no_op_ranges: bool, no_analysis: bool,
+            options: AnalysisOptions) -> None:
+    """Profile SCRIPT on this GPU and write a run directory with report.html and report.json.
+
+    Arguments after ``--`` go to the script; its exit code becomes gpudiag's. If the script
+    crashes, what was captured up to the crash is still exported and reported.
+
+    \b
+    Example:
+        gpudiag profile train.py -- --epochs 1
+        gpudiag profile train.py -o runs/baseline --force -- --batch 64
+    """
+    if not script.is_file():
+        raise UserError(f"{script}: no such script; pass the path of the Python file to profile")
+    config = CaptureConfig(steps_from=options.steps_from or "auto", warmup_steps=options.warmup_steps,
+                           detail_step=detail_step, module_ranges=not no_module_ranges,
+                           op_ranges=not no_op_ranges)
+    try:
+        detect_step_mode(config, "")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        nsys_exe = nsys.locate_nsys(nsys_path)
+    except nsys.ToolNotFound as exc:
+        raise UserError(str(exc)) from None
+    run_dir = run_dir or default_run_dir(script)
+    prepare_run_dir(run_dir, force)
+    try:
+        result = capture(script, list(script_args), run_dir, config, nsys_exe, echo=click.echo)
+    except CaptureError as exc:
+        raise UserError(str(exc), exit_code=3) from None
+    code = result.script_exit_code
+    if code != 0:
+        click.secho(f"the script exited with code {code}; reporting what was captured up to then", fg="yellow")
+    if no_analysis:
+        click.echo(f"capture kept in {run_dir}; analyse it with: gpudiag report {run_dir}")
+    else:
+        from gpudiag.cli.report import analyse_and_report
+
+        click.echo("[3/3] analysing")
+        analyse_and_report(result.sqlite, run_dir, options, status=result.status)
+    raise SystemExit(code)

@@ -1,0 +1,101 @@
+"""``gpudiag report RUN_DIR_OR_SQLITE``: analyse a gpudiag run directory or any nsys SQLite export."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+import tempfile
+from pathlib import Path
+
+import click
+
+from gpudiag.analysis.run import analyse, ingest
+from gpudiag.capture.run import SQLITE_NAME, STATUS_NAME
+from gpudiag.cli.errors import UserError
+from gpudiag.cli.options import AnalysisOptions, analysis_options
+from gpudiag.reports import html, json_report, terminal
+from gpudiag.sources.nsys_sqlite import ExportError
+from gpudiag.store import RUN_DB_NAME
+
+REPORT_FILES = ("report.html", "report.json", RUN_DB_NAME)
+
+
+def resolve_input(path: Path) -> tuple[Path, dict | None, Path]:
+    """(export file, launcher status or None, default output directory) for a run directory or an
+    export file. Raises UserError when ``path`` is neither."""
+    if path.is_dir():
+        export = path / SQLITE_NAME
+        if not export.exists():
+            raise UserError(f"{path}: no {SQLITE_NAME} in this directory; pass a gpudiag run directory or an nsys SQLite export "
+                            f"(make one with: nsys export --type sqlite REPORT.nsys-rep)")
+        status_file = path / STATUS_NAME
+        status = json.loads(status_file.read_text()) if status_file.exists() else None
+        return export, status, path
+    if path.is_file():
+        stem = path.name.removesuffix(".xz").removesuffix(".sqlite")
+        return path, None, Path("gpudiag-reports") / stem
+    raise UserError(f"{path}: no such file or directory; pass a gpudiag run directory or an nsys SQLite export")
+
+
+def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, status: dict | None = None,
+                       as_json: bool = False) -> dict:
+    """Ingest ``export`` (``.sqlite`` or ``.sqlite.xz``) into ``out_dir``/run.sqlite, analyse it and
+    write report.html and report.json there; prints the terminal summary (or the JSON)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
+        source = export
+        if export.suffix == ".xz":
+            source = Path(tmp) / export.name.removesuffix(".xz")
+            try:
+                with lzma.open(export) as src, open(source, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            except lzma.LZMAError:
+                raise UserError(f"{export}: not a valid .xz file; decompress it with xz -d and pass the .sqlite") from None
+        try:
+            db = ingest(source, out_dir / RUN_DB_NAME, source_name=export.name)
+        except ExportError as exc:
+            raise UserError(str(exc)) from None
+    try:
+        result = analyse(db, warmup_steps=options.warmup_steps, steps_from=options.steps_from, status=status)
+    except ValueError as exc:
+        raise UserError(f"{export}: {exc}", exit_code=3) from None
+    json_report.write(result, out_dir / "report.json")
+    html.write(result, out_dir / "report.html")
+    if as_json:
+        click.echo(json_report.to_json(result))
+    else:
+        terminal.render(result)
+        click.echo(f"report: {out_dir / 'report.html'}  (data: {out_dir / 'report.json'})")
+    return result
+
+
+@click.command()
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out_dir", type=click.Path(path_type=Path),
+              help="Where to write report.html, report.json and run.sqlite [default: the run directory, "
+                   "or gpudiag-reports/<export name>/ for an export file].")
+@click.option("--force", is_flag=True, help="Overwrite an existing report.")
+@click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout instead of the summary table.")
+@analysis_options
+def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, options: AnalysisOptions) -> None:
+    """Analyse SOURCE, a gpudiag run directory or any nsys SQLite export (.sqlite or .sqlite.xz).
+
+    For an export made without gpudiag, steps come from your own NVTX ranges named like
+    step/iteration, or from --steps-from nvtx:REGEX; with neither, the whole capture is one step.
+    The report says which.
+
+    \b
+    Example:
+        gpudiag report examples/swin_t_train_bf16.sqlite.xz -o swin-report
+        gpudiag report gpudiag-runs/train-20261121-101500 --force
+        gpudiag report theirs.sqlite --steps-from 'nvtx:^train_step$' --json
+    """
+    export, status, default_dir = resolve_input(source)
+    out_dir = out_dir or default_dir
+    existing = [name for name in ("report.html", "report.json") if (out_dir / name).exists()]
+    if existing and not force:
+        raise UserError(f"{out_dir / existing[0]} already exists: pass --force to overwrite it, or -o DIR to write elsewhere")
+    if options.steps_from and not options.steps_from.startswith("nvtx:") and options.steps_from not in ("auto", "optimizer", "call"):
+        raise UserError(f"--steps-from {options.steps_from!r}: use nvtx:REGEX (or auto) when reporting")
+    analyse_and_report(export, out_dir, options, status=status, as_json=as_json)

@@ -1,0 +1,22 @@
+"""The NVTX range texts gpudiag injects, shared by the capture stage (which emits them) and the
+readers (which parse them). Every injected range starts with ``gpudiag:`` so it never collides with
+the user's own ranges.
+
+Formats (one line each):
+- step:   ``gpudiag:step 3``                      (NVTX start/end range, not thread-bound)
+- phase:  ``gpudiag:phase backward``              (push/pop on the thread that called backward/step)
+- module: ``gpudiag:module layers.0.attn|WindowAttention``  (qualified path | class name)
+- op:     ``gpudiag:op {"op":"aten::mm","in":["bfloat16[32,768]",...]}``  (JSON payload)
+- out:    ``gpudiag:out "bfloat16[32,3072]"``  an empty range nested at the end of its op's range,
+          holding the op's outputs (JSON), which are known only after the call
+"""
+
+PREFIX = "gpudiag:"
+STEP = PREFIX + "step "
+PHASE = PREFIX + "phase "
+MODULE = PREFIX + "module "
+OP = PREFIX + "op "
+OUT = PREFIX + "out "
+TAIL = PREFIX + "tail"
+
+PHASES = ("forward", "backward", "optimizer")

@@ -1,0 +1,73 @@
+"""``report.html``: a self-contained page (plotly.js inlined, no CDN) rendered from a jinja2
+template with autoescaping on, so kernel names (``<``, ``>``, ``&``) are shown, never executed."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+import plotly.graph_objects as go
+import plotly.io as pio
+import plotly.offline
+
+from gpudiag.reports import units
+
+CLASS_COLORS = {"compute": "#4c78a8", "bandwidth": "#f58518", "overhead": "#e45756", "idle": "#bab0ac"}
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("gpudiag", "templates"),
+        autoescape=jinja2.select_autoescape(["html"]),
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(ns=units.fmt_ns, pct=units.fmt_pct, num=units.fmt_num)
+    return env
+
+
+def _figure_html(fig: go.Figure) -> str:
+    # plotly escapes "</" inside its JSON, so names cannot close the script element.
+    return pio.to_html(fig, full_html=False, include_plotlyjs=False, config={"displaylogo": False})
+
+
+def breakdown_chart(result: dict) -> str:
+    """Stacked bars: compute / bandwidth / overhead / idle time per step (ms)."""
+    steps = [s for s in result["steps"]["per_step"] if "compute_ns" in s]
+    labels = [f"step {s['step']}" for s in steps]
+    fig = go.Figure()
+    for cls, key in (("compute", "compute_ns"), ("bandwidth", "bandwidth_ns"), ("overhead", "overhead_ns"),
+                     ("idle", "other_idle_ns")):
+        fig.add_bar(name=cls, x=labels, y=[s[key] / 1e6 for s in steps], marker_color=CLASS_COLORS[cls])
+    fig.update_layout(barmode="stack", height=320, margin=dict(l=50, r=10, t=30, b=40),
+                      yaxis_title="time per step (ms)", title="Where each measured step's time goes")
+    return _figure_html(fig)
+
+
+def top_kernels_chart(result: dict, top: int = 10) -> str:
+    """Horizontal bars: the top kernels' time per step (µs), coloured by class."""
+    kernels = list(reversed(result["top_kernels"][:top]))
+    fig = go.Figure(go.Bar(
+        x=[k["time_ns_per_step"] / 1e3 for k in kernels],
+        y=[f"{i}. {k['label'][:60]}" for i, k in zip(range(len(kernels), 0, -1), kernels)],
+        orientation="h", marker_color=[CLASS_COLORS.get(k["kernel_class"], "#888") for k in kernels],
+        hovertext=[f"{k['family']} · {k['kernel_class']} ({k['evidence']})" for k in kernels]))
+    fig.update_layout(height=40 + 28 * len(kernels), margin=dict(l=10, r=10, t=30, b=40),
+                      xaxis_title="GPU time per step (µs)", title="Top kernels")
+    return _figure_html(fig)
+
+
+def render(result: dict) -> str:
+    """The whole report page as HTML text."""
+    template = _environment().get_template("report.html")
+    return template.render(
+        r=result, colors=CLASS_COLORS,
+        charts={"breakdown": breakdown_chart(result), "top_kernels": top_kernels_chart(result)},
+        plotly_js=plotly.offline.get_plotlyjs(),
+    )
+
+
+def write(result: dict, path: Path) -> Path:
+    """Write the report page to ``path``; returns the path."""
+    path.write_text(render(result), encoding="utf-8")
+    return path

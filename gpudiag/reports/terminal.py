@@ -1,0 +1,36 @@
+"""The short terminal summary (rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from gpudiag.reports.units import fmt_ns, fmt_pct
+
+
+def render(result: dict, console: Console | None = None, top: int = 5) -> None:
+    """Print device, step time, GPU busy %, the breakdown and the top kernels."""
+    console = console or Console()
+    steps = result["steps"]
+    console.print(f"[bold]{result['device']['name']}[/bold] · {steps['measured']} measured steps "
+                  f"({steps['source']})", highlight=False)
+    for warning in result.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, markup=False)
+    summary = Table(show_header=True, header_style="bold")
+    for col in ("step time (median)", "GPU busy", "compute", "bandwidth", "overhead", "idle"):
+        summary.add_column(col, justify="right")
+    bp = result["breakdown_percent"]
+    summary.add_row(fmt_ns(steps["step_time_ns"]["median"]), fmt_pct(result["gpu_busy_percent"]),
+                    fmt_pct(bp.get("compute")), fmt_pct(bp.get("bandwidth")), fmt_pct(bp.get("overhead")),
+                    fmt_pct(bp.get("idle")))
+    console.print(summary)
+    kernels = Table(title=f"top {top} kernels (per measured step)", show_header=True, header_style="bold")
+    kernels.add_column("kernel", overflow="ellipsis", max_width=60)
+    for col in ("time/step", "share", "class", "evidence"):
+        kernels.add_column(col, justify="right")
+    for k in result["top_kernels"][:top]:
+        kernels.add_row(Text(k["label"]),  # Text: names hold "[" that markup would eat
+                        fmt_ns(k["time_ns_per_step"]),
+                        fmt_pct(k["share_of_gpu_time_percent"]), k["kernel_class"], k["evidence"])
+    console.print(kernels)

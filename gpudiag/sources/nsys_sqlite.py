@@ -1,0 +1,219 @@
+"""Reader for Nsight Systems SQLite exports (``nsys export --type sqlite``).
+
+Facts about the format this relies on (checked on nsys 2025.3 exports, see docs/architecture.md):
+names are ids into ``StringIds``; NVTX text is in ``text`` or via ``textId``; timestamps are ns;
+``correlationId`` is unique only per process, so API calls and GPU work join on
+(``globalPid``, ``correlationId``) with ``globalPid = globalTid & 0xFFFFFFFFFF000000``; tables exist
+only when they have rows, and columns vary between versions, so every table and column is optional.
+
+Every function returns plain pandas DataFrames with snake_case columns and unit-suffixed names.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+PID_MASK = 0xFFFFFFFFFF000000  # globalTid -> globalPid (NVIDIA nsys export documentation)
+
+# NVTX event types (ENUM_NSYS_EVENT_TYPE): push/pop range, start/end range.
+NVTX_PUSHPOP = 59
+NVTX_STARTEND = 60
+
+
+class ExportError(ValueError):
+    """The file is not a readable nsys SQLite export; the message names the file and the fix."""
+
+
+@dataclass
+class NsysExport:
+    """The tables gpudiag uses from one export, plus what was missing from it."""
+
+    path: Path
+    kernels: pd.DataFrame
+    runtime_api: pd.DataFrame
+    memcpy: pd.DataFrame
+    memset: pd.DataFrame
+    sync: pd.DataFrame
+    nvtx_ranges: pd.DataFrame
+    devices: pd.DataFrame
+    missing: list[str] = field(default_factory=list)
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def _select(conn, table: str, wanted: dict[str, str], tables: set[str], missing: list[str],
+            where: str = "") -> pd.DataFrame:
+    """SELECT the ``wanted`` source columns (source -> output name) that exist; absent columns come
+    back as NULL and are listed in ``missing`` as ``table.column``."""
+    if table not in tables:
+        missing.append(table)
+        return pd.DataFrame(columns=list(wanted.values()))
+    have = _columns(conn, table)
+    parts = []
+    for src, dst in wanted.items():
+        if src in have:
+            parts.append(f'"{src}" AS "{dst}"')
+        else:
+            parts.append(f'NULL AS "{dst}"')
+            missing.append(f"{table}.{src}")
+    return pd.read_sql_query(f"SELECT {', '.join(parts)} FROM {table} {where}", conn)
+
+
+def _strings(conn, tables: set[str]) -> pd.Series:
+    if "StringIds" not in tables:
+        return pd.Series(dtype=object)
+    df = pd.read_sql_query("SELECT id, value FROM StringIds", conn)
+    return pd.Series(df["value"].values, index=df["id"].values)
+
+
+def _resolve(ids: pd.Series, strings: pd.Series) -> pd.Series:
+    return ids.map(strings) if len(strings) else pd.Series([None] * len(ids), index=ids.index, dtype=object)
+
+
+def _enum(conn, tables: set[str], table: str) -> pd.Series:
+    if table not in tables:
+        return pd.Series(dtype=object)
+    df = pd.read_sql_query(f"SELECT id, label FROM {table}", conn)
+    return pd.Series(df["label"].values, index=df["id"].values)
+
+
+def open_export(path: Path) -> sqlite3.Connection:
+    """Open ``path`` read-only. Raises :class:`ExportError` if it is not an SQLite nsys export."""
+    if not path.is_file():
+        raise ExportError(f"{path}: no such file; pass an nsys SQLite export (nsys export --type sqlite) or a gpudiag run directory")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        tables = _tables(conn)
+    except sqlite3.DatabaseError:
+        raise ExportError(f"{path}: not an SQLite file; export the report with: nsys export --type sqlite {path.with_suffix('.nsys-rep').name}") from None
+    if not tables & {"CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "StringIds"}:
+        conn.close()
+        raise ExportError(f"{path}: an SQLite file but not an nsys export (no CUPTI or NVTX tables); pass the file written by nsys export --type sqlite")
+    return conn
+
+
+def read_export(path: Path) -> NsysExport:
+    """Read kernels, API calls, memory copies/sets, synchronizations, NVTX ranges and devices.
+
+    Output columns (ns timestamps, bytes):
+      kernels: start_ns, end_ns, duration_ns, device_id, context_id, stream_id, correlation_id,
+        global_pid, name (demangled), short_name, grid_x/y/z, block_x/y/z, registers_per_thread,
+        static_smem_bytes, dynamic_smem_bytes, local_mem_per_thread_bytes, graph_node_id
+      runtime_api: start_ns, end_ns, global_tid, global_pid, correlation_id, name, return_value
+      memcpy: start_ns, end_ns, duration_ns, device_id, stream_id, correlation_id, global_pid,
+        bytes, copy_kind, src_kind, dst_kind
+      memset: start_ns, end_ns, duration_ns, device_id, stream_id, correlation_id, global_pid, bytes
+      sync: start_ns, end_ns, duration_ns, global_pid, correlation_id, sync_type, stream_id
+      nvtx_ranges: start_ns, end_ns, text, global_tid, global_pid, event_type, domain_id
+        (ranges only; marks and unfinished ranges are dropped)
+      devices: device_id, name, sm_count, memory_bandwidth_bytes_per_s, clock_rate_hz,
+        l2_cache_bytes, total_memory_bytes, compute_major, compute_minor
+    Raises :class:`ExportError` for a file that is not an nsys export.
+    """
+    conn = open_export(path)
+    try:
+        tables = _tables(conn)
+        missing: list[str] = []
+        strings = _strings(conn, tables)
+
+        k = _select(conn, "CUPTI_ACTIVITY_KIND_KERNEL", {
+            "start": "start_ns", "end": "end_ns", "deviceId": "device_id", "contextId": "context_id",
+            "streamId": "stream_id", "correlationId": "correlation_id", "globalPid": "global_pid",
+            "demangledName": "name_id", "shortName": "short_name_id", "gridX": "grid_x", "gridY": "grid_y",
+            "gridZ": "grid_z", "blockX": "block_x", "blockY": "block_y", "blockZ": "block_z",
+            "registersPerThread": "registers_per_thread", "staticSharedMemory": "static_smem_bytes",
+            "dynamicSharedMemory": "dynamic_smem_bytes", "localMemoryPerThread": "local_mem_per_thread_bytes",
+            "graphNodeId": "graph_node_id"}, tables, missing)
+        k["name"] = _resolve(k.pop("name_id"), strings)
+        k["short_name"] = _resolve(k.pop("short_name_id"), strings)
+        k["duration_ns"] = k["end_ns"] - k["start_ns"]
+        k = k.sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+        api_parts = []
+        for table in ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER"):
+            if table not in tables:
+                if table == "CUPTI_ACTIVITY_KIND_RUNTIME":
+                    missing.append(table)
+                continue
+            part = _select(conn, table, {"start": "start_ns", "end": "end_ns", "globalTid": "global_tid",
+                                         "correlationId": "correlation_id", "nameId": "name_id",
+                                         "returnValue": "return_value"}, tables, missing)
+            part["name"] = _resolve(part.pop("name_id"), strings)
+            api_parts.append(part)
+        api = (pd.concat(api_parts, ignore_index=True) if api_parts else
+               pd.DataFrame(columns=["start_ns", "end_ns", "global_tid", "correlation_id", "name", "return_value"]))
+        api["global_pid"] = _pid_of(api["global_tid"])
+
+        mc = _select(conn, "CUPTI_ACTIVITY_KIND_MEMCPY", {
+            "start": "start_ns", "end": "end_ns", "deviceId": "device_id", "streamId": "stream_id",
+            "correlationId": "correlation_id", "globalPid": "global_pid", "bytes": "bytes",
+            "copyKind": "copy_kind_id", "srcKind": "src_kind_id", "dstKind": "dst_kind_id"}, tables, missing)
+        copy_kinds = _enum(conn, tables, "ENUM_CUDA_MEMCPY_OPER")
+        mem_kinds = _enum(conn, tables, "ENUM_CUDA_MEM_KIND")
+        mc["copy_kind"] = mc.pop("copy_kind_id").map(copy_kinds)
+        mc["src_kind"] = mc.pop("src_kind_id").map(mem_kinds)
+        mc["dst_kind"] = mc.pop("dst_kind_id").map(mem_kinds)
+        mc["duration_ns"] = mc["end_ns"] - mc["start_ns"]
+
+        ms = _select(conn, "CUPTI_ACTIVITY_KIND_MEMSET", {
+            "start": "start_ns", "end": "end_ns", "deviceId": "device_id", "streamId": "stream_id",
+            "correlationId": "correlation_id", "globalPid": "global_pid", "bytes": "bytes"}, tables, missing)
+        ms["duration_ns"] = ms["end_ns"] - ms["start_ns"]
+
+        sy = _select(conn, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", {
+            "start": "start_ns", "end": "end_ns", "globalPid": "global_pid", "correlationId": "correlation_id",
+            "syncType": "sync_type_id", "streamId": "stream_id"}, tables, missing)
+        sy["sync_type"] = sy.pop("sync_type_id").map(_enum(conn, tables, "ENUM_CUPTI_SYNC_TYPE"))
+        sy["duration_ns"] = sy["end_ns"] - sy["start_ns"]
+
+        nv = _select(conn, "NVTX_EVENTS", {
+            "start": "start_ns", "end": "end_ns", "text": "text", "textId": "text_id",
+            "globalTid": "global_tid", "eventType": "event_type", "domainId": "domain_id"}, tables, missing,
+            where=f"WHERE eventType IN ({NVTX_PUSHPOP}, {NVTX_STARTEND}) AND end IS NOT NULL")
+        from_id = _resolve(nv.pop("text_id"), strings)
+        nv["text"] = nv["text"].where(nv["text"].notna(), from_id)
+        nv["global_pid"] = _pid_of(nv["global_tid"])
+        nv = nv.sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+        dev = _select(conn, "TARGET_INFO_GPU", {
+            "id": "device_id", "name": "name", "smCount": "sm_count",
+            "memoryBandwidth": "memory_bandwidth_bytes_per_s", "clockRate": "clock_rate_hz",
+            "l2CacheSize": "l2_cache_bytes", "totalMemory": "total_memory_bytes",
+            "computeMajor": "compute_major", "computeMinor": "compute_minor"}, tables, missing)
+        return NsysExport(path=path, kernels=k, runtime_api=api, memcpy=mc, memset=ms, sync=sy,
+                          nvtx_ranges=nv, devices=dev, missing=missing)
+    finally:
+        conn.close()
+
+
+def _pid_of(global_tid: pd.Series) -> pd.Series:
+    """globalPid from globalTid (nsys packs the pid in the high bits)."""
+    # PID_MASK clears the low 24 bits (the thread id); shifting does the same within int64.
+    values = pd.to_numeric(global_tid, errors="coerce").astype("Int64")
+    return (values // (1 << 24)) * (1 << 24)
+
+
+def kernel_summary(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Per-kernel-name summary, the same numbers as ``nsys stats --report cuda_gpu_kern_sum``:
+    time_percent, total_ns, instances, avg_ns, med_ns, min_ns, max_ns, stddev_ns, name; sorted by
+    total time, descending. The median of an even count is the mean of the two middle values and
+    the standard deviation is the sample one (ddof=1), as nsys computes them (checked against
+    nsys 2025.3 output in tests/fixtures)."""
+    g = kernels.groupby("name", sort=False)["duration_ns"]
+    out = pd.DataFrame({
+        "total_ns": g.sum(), "instances": g.size(), "avg_ns": g.mean(), "med_ns": g.median(),
+        "min_ns": g.min(), "max_ns": g.max(), "stddev_ns": g.std(ddof=1).fillna(0.0)})
+    total = out["total_ns"].sum()
+    out.insert(0, "time_percent", 100.0 * out["total_ns"] / total if total else np.nan)
+    return out.reset_index().sort_values(["total_ns", "name"], ascending=[False, True]).reset_index(drop=True)

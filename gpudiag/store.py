@@ -1,0 +1,83 @@
+"""The run database: one SQLite file (``run.sqlite``) per analysed capture, written with sqlite-utils.
+
+It holds normalized copies of the export's tables plus gpudiag's own results, so the analysis
+never reads nsys or ncu files directly. Tables (all timestamps ns, sizes bytes):
+
+- ``meta``        key/value: schema_version, gpudiag_version, source (file name), missing (JSON list)
+- ``kernels``     one row per kernel instance, ``kernel_id`` = row order by start time
+- ``runtime_api`` CUDA runtime/driver API calls
+- ``memcpy``, ``memset``, ``sync``  copies, sets and synchronizations
+- ``nvtx_ranges`` NVTX push/pop and start/end ranges with text resolved
+- ``devices``     GPUs of the capture
+- ``kernel_attribution`` kernel_id -> step, phase, module, op (with shapes where recorded)
+
+Columns are documented in :func:`gpudiag.sources.nsys_sqlite.read_export` and
+:func:`gpudiag.analysis.attribution.attribute`. ``SCHEMA_VERSION`` changes whenever a table or
+column changes meaning; readers refuse other versions with a message saying to re-run
+``gpudiag report``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import sqlite_utils
+
+from gpudiag import __version__
+
+SCHEMA_VERSION = 1
+RUN_DB_NAME = "run.sqlite"
+
+EXPORT_TABLES = ("kernels", "runtime_api", "memcpy", "memset", "sync", "nvtx_ranges", "devices")
+
+
+class StoreError(ValueError):
+    """A run database that cannot be read (other schema version, not a run database)."""
+
+
+def write_table(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
+    """Replace table ``name`` with ``df``. sqlite-utils creates the table from the column types;
+    pandas streams the rows (a per-row Python insert would not scale to millions of kernels)."""
+    if name in db.table_names():
+        db[name].drop()
+    if df.empty:
+        # Keep the columns: an absent export table becomes an empty run-database table.
+        db[name].create({c: str for c in df.columns} or {"_empty": str})
+        return
+    df.to_sql(name, db.conn, index=False, if_exists="append", chunksize=50_000)
+
+
+def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict) -> sqlite_utils.Database:
+    """Write a fresh run database at ``path`` (an existing file is replaced) from ``tables``."""
+    if path.exists():
+        path.unlink()
+    db = sqlite_utils.Database(path)
+    db["meta"].insert_all(
+        [{"key": k, "value": json.dumps(v)} for k, v in
+         {"schema_version": SCHEMA_VERSION, "gpudiag_version": __version__, **meta}.items()],
+        pk="key")
+    for name, df in tables.items():
+        write_table(db, name, df)
+    if "kernel_id" in db["kernels"].columns_dict:
+        db["kernels"].create_index(["kernel_id"], unique=True, if_not_exists=True)
+    return db
+
+
+def read_meta(db: sqlite_utils.Database) -> dict:
+    """The ``meta`` table as a dict. Raises :class:`StoreError` for another schema version."""
+    if "meta" not in db.table_names():
+        raise StoreError(f"{db.conn}: not a gpudiag run database (no meta table)")
+    meta = {row["key"]: json.loads(row["value"]) for row in db["meta"].rows}
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise StoreError(f"run database schema {meta.get('schema_version')} is not {SCHEMA_VERSION}; "
+                         "re-run 'gpudiag report' on the nsys export to rebuild it")
+    return meta
+
+
+def read_table(db: sqlite_utils.Database, name: str) -> pd.DataFrame:
+    """Table ``name`` as a DataFrame (empty if the table does not exist)."""
+    if name not in db.table_names():
+        return pd.DataFrame()
+    return pd.read_sql_query(f'SELECT * FROM "{name}"', db.conn)
