@@ -16,6 +16,7 @@ def main() -> None:
     parser.add_argument("--amp", choices=["bf16", "none"], default="bf16")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--fail-at", type=int, default=None, help="raise at this step (shows crash handling)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -24,7 +25,9 @@ def main() -> None:
     loss_fn = torch.nn.CrossEntropyLoss()
     images = torch.randn(args.batch, 3, 224, 224, device="cuda")
     labels = torch.randint(0, 1000, (args.batch,), device="cuda")
-    for _ in range(args.steps):
+    for step in range(args.steps):
+        if step == args.fail_at:
+            raise RuntimeError(f"planted failure at step {step}")
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.amp == "bf16"):
             loss = loss_fn(model(images), labels)
