@@ -24,7 +24,7 @@ import pandas as pd
 from gpudiag import nvtx_names
 
 # Ranges a user names like a step, used when an export has no gpudiag step ranges.
-DEFAULT_USER_STEP_REGEX = r"(?i)(^|[^a-z])(step|iteration|iter)([^a-z]|$)"
+DEFAULT_USER_STEP_REGEX = r"(?i)(?:^|[^a-z])(?:step|iteration|iter)(?:[^a-z]|$)"
 
 
 @dataclass
@@ -62,8 +62,12 @@ def innermost_range(ranges: pd.DataFrame, query_ns: np.ndarray, query_tid: np.nd
     depth; the innermost range of a query at depth d is the last range that started at depth d."""
     n_q = len(query_ns)
     result = np.full(n_q, -1, dtype=np.int64)
-    if ranges.empty or n_q == 0:
+    # Empty ranges contain no time; their end would sort before their own start and skew depths.
+    keep = np.flatnonzero((ranges["end_ns"] > ranges["start_ns"]).to_numpy()) if not ranges.empty else np.array([], int)
+    if len(keep) == 0 or n_q == 0:
         return result
+    original = keep
+    ranges = ranges.iloc[keep]
     n_r = len(ranges)
     valid_q = ~pd.isna(query_ns) & ~pd.isna(query_tid)
     q_idx = np.flatnonzero(valid_q)
@@ -85,7 +89,7 @@ def innermost_range(ranges: pd.DataFrame, query_ns: np.ndarray, query_tid: np.nd
         last_start = pd.Series(np.where(is_start & (depth == d), ev["ref"].to_numpy(), np.nan))
         last_start = last_start.groupby(ev["tid"]).ffill().to_numpy()
         hit = is_query & (depth == d)
-        result[ev["ref"].to_numpy()[hit]] = last_start[hit].astype(np.int64)
+        result[ev["ref"].to_numpy()[hit]] = original[last_start[hit].astype(np.int64)]
     return result
 
 
@@ -104,7 +108,7 @@ def window_index(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray) -> np.nda
 def _outermost(ranges: pd.DataFrame) -> pd.DataFrame:
     """Drop ranges that start inside an earlier one (keeps the outermost of nested matches)."""
     r = ranges.sort_values("start_ns", kind="stable")
-    prev_end = r["end_ns"].cummax().shift(1, fill_value=-np.inf)
+    prev_end = r["end_ns"].astype(float).cummax().shift(1, fill_value=-np.inf)
     return r[r["start_ns"] >= prev_end]
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import sqlite_utils
 
-from gpudiag import __version__, store
+from gpudiag import __version__, nvtx_names, store
 from gpudiag.analysis import peaks as peaks_mod
 from gpudiag.analysis.attribution import Steps, attribute, find_steps
 from gpudiag.analysis.classify import classify
@@ -52,34 +52,48 @@ def _stats(values: pd.Series) -> dict:
             "min": float(values.min()), "max": float(values.max())}
 
 
-def _module_table(k: pd.DataFrame, module_paths: list[str], n_steps: int, step_ns: float) -> list[dict]:
-    """Inclusive and self GPU time per module path (forward pass), per measured step."""
+def _module_table(k: pd.DataFrame, module_classes: dict[str, str], n_steps: int, step_ns: float,
+                  min_share_percent: float = 0.5, max_rows: int = 60) -> list[dict]:
+    """GPU time per module (forward pass), per measured step, in tree order: each module is
+    followed by its children, largest first. Inclusive time counts a kernel for its innermost
+    module and every enclosing module; modules under ``min_share_percent`` of the step are left out.
+    Loops run over distinct module paths (hundreds), never over kernels."""
     in_module = k[k["module"] != ""]
     if in_module.empty:
         return []
+    per_class = in_module.groupby(["module", "kernel_class"])["duration_ns"].sum()
     self_ns = in_module.groupby("module")["duration_ns"].sum()
-    cls = in_module.groupby("module")["module_class"].first()
-    # Inclusive time: each kernel counts for its module and every ancestor that is itself a module.
-    known = set(module_paths) | set(self_ns.index)
-    rows = []
-    for path, ns in self_ns.items():  # one iteration per distinct module path, not per kernel
+    cls = {**module_classes, **in_module.groupby("module")["module_class"].first().to_dict()}
+    known = set(module_classes) | set(self_ns.index)
+
+    def ancestors(path: str) -> list[str]:
         parts = path.split(".")
-        for i in range(1, len(parts) + 1):
-            prefix = ".".join(parts[:i])
-            if prefix in known:
-                rows.append((prefix, ns))
-    incl = pd.DataFrame(rows, columns=["module", "ns"]).groupby("module")["ns"].sum()
-    dominant = in_module.groupby(["module", "kernel_class"])["duration_ns"].sum().unstack(fill_value=0)
-    table = []
-    for path, ns in incl.sort_values(ascending=False).items():
-        per = ns / n_steps
-        table.append({
-            "module": path, "module_class": cls.get(path, ""), "depth": path.count("."),
-            "inclusive_ns_per_step": per, "self_ns_per_step": float(self_ns.get(path, 0)) / n_steps,
-            "share_of_step_percent": 100.0 * per / step_ns if step_ns else None,
-            "dominant_class": dominant.loc[path].idxmax() if path in dominant.index else None,
-        })
-    return table
+        return [p for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if p in known]
+
+    rows = [(prefix, kernel_class, ns) for (path, kernel_class), ns in per_class.items() for prefix in ancestors(path)]
+    incl_by_class = pd.DataFrame(rows, columns=["module", "kernel_class", "ns"]).groupby(["module", "kernel_class"])["ns"].sum()
+    incl = incl_by_class.groupby(level=0).sum()
+    dominant = incl_by_class.unstack(fill_value=0).idxmax(axis=1)
+    children: dict[str | None, list[str]] = {}
+    for path in incl.index:
+        parents = ancestors(path)[:-1]
+        children.setdefault(parents[-1] if parents else None, []).append(path)
+
+    table: list[dict] = []
+
+    def visit(parent: str | None, depth: int) -> None:
+        for path in sorted(children.get(parent, []), key=lambda p: -incl[p]):
+            per = float(incl[path]) / n_steps
+            share = 100.0 * per / step_ns if step_ns else None
+            if share is not None and share < min_share_percent:
+                continue
+            table.append({"module": path, "module_class": cls.get(path, ""), "depth": depth,
+                          "inclusive_ns_per_step": per, "self_ns_per_step": float(self_ns.get(path, 0)) / n_steps,
+                          "share_of_step_percent": share, "dominant_class": dominant[path]})
+            visit(path, depth + 1)
+
+    visit(None, 0)
+    return table[:max_rows]
 
 
 def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | None = None,
@@ -184,8 +198,10 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
             "efficiency": _num(info["efficiency"]),
         })
 
-    module_paths = nvtx["text"].dropna()
-    module_paths = module_paths[module_paths.str.startswith("gpudiag:module ")].str[15:].str.rsplit("|", n=1).str[0].unique().tolist()
+    module_texts = nvtx["text"].dropna()
+    module_texts = module_texts[module_texts.str.startswith(nvtx_names.MODULE)].str[len(nvtx_names.MODULE):].drop_duplicates()
+    split = module_texts.str.rsplit("|", n=1)
+    module_classes = dict(zip(split.str[0], split.str[-1]))
     gaps_m = gaps.merge(k[["kernel_id", "step", "name", "short_name"]], on="kernel_id")
     gaps_m = gaps_m[gaps_m["step"].isin(measured_ids)]
     stream_rows = []
@@ -235,7 +251,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "phases_ns_per_step": {p: float(v) for p, v in phases.items()},
         "top_kernels": top_kernels,
         "families_ns_per_step": {f: float(v) / n for f, v in km.groupby("family")["duration_ns"].sum().items()} if n else {},
-        "modules": _module_table(km, module_paths, n, step_ns) if n else [],
+        "modules": _module_table(km, module_classes, n, step_ns) if n else [],
         "idle": {
             "host_bound_idle_ns_per_step": _per_step(idle_m.loc[idle_m["host_bound"], "duration_ns"], n),
             "other_idle_ns_per_step": _per_step(idle_m.loc[~idle_m["host_bound"], "duration_ns"], n),

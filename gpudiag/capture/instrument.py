@@ -337,7 +337,10 @@ def detect_step_mode(config: CaptureConfig, script_source: str) -> str:
     if value in ("optimizer", "call"):
         return value
     if value.startswith("nvtx:"):
-        re.compile(value[5:])
+        try:
+            re.compile(value[5:])
+        except re.error as exc:  # re.error is not a ValueError
+            raise ValueError(f"--steps-from {value!r}: invalid regular expression ({exc})") from None
         return "nvtx"
     raise ValueError(f"unknown --steps-from {value!r}: use auto, optimizer, call or nvtx:REGEX")
 

@@ -23,7 +23,8 @@ def _exit_code(exc: SystemExit) -> int:
         return 0
     if isinstance(exc.code, int):
         return exc.code
-    return 1  # sys.exit("message") prints the message and exits 1
+    print(exc.code, file=sys.stderr)  # as Python does for sys.exit("message"), which exits 1
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:

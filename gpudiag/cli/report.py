@@ -50,7 +50,7 @@ def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, st
             try:
                 with lzma.open(export) as src, open(source, "wb") as dst:
                     shutil.copyfileobj(src, dst)
-            except lzma.LZMAError:
+            except (lzma.LZMAError, EOFError):  # EOFError: a truncated stream
                 raise UserError(f"{export}: not a valid .xz file; decompress it with xz -d and pass the .sqlite") from None
         try:
             db = ingest(source, out_dir / RUN_DB_NAME, source_name=export.name)

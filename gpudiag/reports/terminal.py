@@ -16,7 +16,7 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
     console.print(f"[bold]{result['device']['name']}[/bold] · {steps['measured']} measured steps "
                   f"({steps['source']})", highlight=False)
     for warning in result.get("warnings", []):
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, markup=False)
+        console.print(Text("warning: ", style="yellow") + Text(warning), highlight=False)
     summary = Table(show_header=True, header_style="bold")
     for col in ("step time (median)", "GPU busy", "compute", "bandwidth", "overhead", "idle"):
         summary.add_column(col, justify="right")

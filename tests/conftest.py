@@ -1,0 +1,61 @@
+"""Shared fixtures: the real Swin-T captures (H200, see tests/fixtures/capture_swin.sh),
+decompressed and analysed once per session."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpudiag.analysis.run import analyse, ingest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+EXPORTS = {
+    "swin_t_train_bf16": ROOT / "examples" / "swin_t_train_bf16.sqlite.xz",
+    "swin_t_train_fp32": ROOT / "examples" / "swin_t_train_fp32.sqlite.xz",
+    "swin_t_train_bf16_repeat": FIXTURES / "swin_t_train_bf16_repeat.sqlite.xz",
+    "swin_t_train_bf16_bare": FIXTURES / "swin_t_train_bf16_bare.sqlite.xz",
+    "swin_t_train_bf16_crash": FIXTURES / "swin_t_train_bf16_crash.sqlite.xz",
+    "tiny_gemm_gelu": FIXTURES / "tiny_gemm_gelu.sqlite.xz",
+}
+
+
+@pytest.fixture(scope="session")
+def export_path(tmp_path_factory):
+    """Function name -> path of the decompressed export (cached for the session)."""
+    folder = tmp_path_factory.mktemp("exports")
+    cache: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            target = folder / f"{name}.sqlite"
+            with lzma.open(EXPORTS[name]) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            cache[name] = target
+        return cache[name]
+
+    return get
+
+
+def status_of(name: str) -> dict | None:
+    path = FIXTURES / "status" / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+@pytest.fixture(scope="session")
+def analysed(export_path, tmp_path_factory):
+    """Function name -> (run database, report dict) of the analysed capture (cached)."""
+    folder = tmp_path_factory.mktemp("runs")
+    cache: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in cache:
+            db = ingest(export_path(name), folder / f"{name}.run.sqlite")
+            cache[name] = (db, analyse(db, status=status_of(name)))
+        return cache[name]
+
+    return get

@@ -1,0 +1,99 @@
+"""First-cut classification and cost model, on the real captures."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from gpudiag.analysis.costmodel import op_cost
+from gpudiag.analysis.families import family_of, kernel_label
+from gpudiag.analysis.peaks import lookup
+
+
+def payload(op, ins, out):
+    return json.dumps({"op": op, "in": ins, "out": out})
+
+
+def test_contraction_flops_and_bytes():
+    mm = op_cost("aten::mm", payload("aten::mm", ["bfloat16[64,128]", "bfloat16[128,256]"], "bfloat16[64,256]"))
+    assert mm.flop == 2 * 64 * 128 * 256
+    assert mm.bytes == 2 * (64 * 128 + 128 * 256 + 64 * 256)
+    assert mm.math_path == "bf16"
+    addmm = op_cost("aten::addmm", payload("aten::addmm", ["float32[256]", "float32[64,128]", "float32[128,256]"], "float32[64,256]"))
+    assert addmm.flop == 2 * 64 * 128 * 256 and addmm.math_path == "fp32"
+    bmm = op_cost("aten::bmm", payload("aten::bmm", ["float16[8,49,32]", "float16[8,32,49]"], "float16[8,49,49]"))
+    assert bmm.flop == 2 * 8 * 49 * 49 * 32 and bmm.math_path == "fp16"
+    conv = op_cost("aten::convolution", payload("aten::convolution", ["float32[32,3,224,224]", "float32[96,3,4,4]", "float32[96]",
+                                                                      [4, 4], [0, 0], [1, 1], False, [0, 0], 1], "float32[32,96,56,56]"))
+    assert conv.flop == 2 * 32 * 96 * 56 * 56 * 3 * 4 * 4 and conv.math_path == "tf32"
+
+
+def test_elementwise_is_one_flop_per_output_and_unparsable_is_none():
+    gelu = op_cost("aten::gelu", payload("aten::gelu", ["bfloat16[32,3136,384]"], "bfloat16[32,3136,384]"))
+    n = 32 * 3136 * 384
+    assert gelu.flop == n and gelu.bytes == 4 * n and gelu.math_path == "fp32"
+    assert op_cost("aten::gelu", "not json") is None
+    assert op_cost("aten::empty", payload("aten::empty", [[3, 4]], None)) is None
+
+
+def test_families_do_not_match_lambda_or_convert():
+    lam = "void at::native::reduce_kernel<(int)512, (int)1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, [lambda(float, float) (instance 1)]>>>"
+    assert family_of(lam) == "reduce"
+    assert family_of("nvjet_sm90_tst_192x192_64x4_1x2_h_bz_coopB_bias_TNN") == "gemm"
+    assert family_of("void convert_layout_kernel<float>") != "conv"
+    assert family_of("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>") == "optimizer"
+    assert kernel_label(lam, "reduce_kernel") == "reduce_kernel · fp32"
+
+
+def test_peaks_lookup_by_nsys_name():
+    h200 = lookup("NVIDIA H200", 132)
+    assert h200.bandwidth == 4.8e12 and h200.flops["bf16"] == pytest.approx(989.4e12)
+    assert h200.ridge("bf16") == pytest.approx(989.4e12 / 4.8e12)
+    assert lookup("NVIDIA H100 PCIe").bandwidth == 2.0e12
+    assert lookup("NVIDIA H100 80GB HBM3").bandwidth == 3.35e12
+    unknown = lookup("Some Future GPU", 10, 1.0e12)
+    assert unknown.bandwidth == 1.0e12 and unknown.flops == {} and "not in the datasheet" in unknown.source
+
+
+def _classes(db):
+    k = pd.read_sql_query("SELECT kernel_id, name, duration_ns FROM kernels", db.conn)
+    c = pd.read_sql_query("SELECT * FROM kernel_class", db.conn)
+    return k.merge(c, on="kernel_id")
+
+
+def test_fp32_swin_gemms_are_compute_bound_on_the_fp32_path(analysed):
+    """Without autocast, cuBLAS runs SIMT sgemm (sm80_xmma_gemm_f32f32 ... ffma) on the 67 TFLOP/s
+    fp32 path, not the tensor cores: most of their time is compute-bound. The exception is Swin's
+    window attention bmm, [49,32] x [32,49] per window: 6.9 FLOP/byte, under the fp32 ridge of 14."""
+    db, r = analysed("swin_t_train_fp32")
+    k = _classes(db).merge(pd.read_sql_query("SELECT kernel_id, op, op_args FROM kernel_attribution", db.conn), on="kernel_id")
+    sgemm = k[k["name"].str.contains("gemm_f32f32") & k["name"].str.contains("ffma")]
+    assert len(sgemm) > 100
+    assert (sgemm["math_path"] == "fp32").all() and (sgemm["evidence"] == "shapes").all()
+    time_share = sgemm.groupby("kernel_class")["duration_ns"].sum() / sgemm["duration_ns"].sum()
+    assert time_share["compute"] > 0.85
+    attention_bmm = k[(k["op"] == "aten::bmm") & k["op_args"].str.contains(",49,32]")]
+    assert len(attention_bmm) > 0 and (attention_bmm["kernel_class"] == "bandwidth").all()
+    assert (attention_bmm["intensity"] < 7).all()
+    assert r["breakdown_percent"]["compute"] > r["breakdown_percent"]["bandwidth"]
+
+
+def test_bf16_swin_layernorm_is_bandwidth_bound_and_tiny_kernels_overhead(analysed):
+    db, r = analysed("swin_t_train_bf16")
+    k = _classes(db)
+    ln = k[k["name"].str.contains("vectorized_layer_norm_kernel")]
+    assert (ln["kernel_class"] == "bandwidth").all() and (ln["family"] == "norm").all()
+    assert (ln["intensity"] < ln["ridge"]).all()
+    tiny = k[k["duration_ns"] < 2000]
+    assert (tiny["kernel_class"] == "overhead").all()
+    assert r["classification"]["evidence_share_percent"]["shapes"] > 95
+
+
+def test_without_op_ranges_classification_falls_back_to_heuristics(analysed):
+    db, r = analysed("swin_t_train_bf16_bare")
+    k = _classes(db)
+    assert set(k["evidence"]) == {"heuristic"}
+    gemm = k[k["family"] == "gemm"]
+    assert set(gemm["kernel_class"]) <= {"compute", "overhead"}

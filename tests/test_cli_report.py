@@ -1,0 +1,75 @@
+"""``gpudiag report`` through click's CliRunner: the README's main job, errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from click.testing import CliRunner
+
+from gpudiag.cli.main import cli
+
+from conftest import EXPORTS, FIXTURES
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_report_on_the_bundled_example(tmp_path):
+    """The README quickstart: an .xz export in, report.html + report.json + summary out."""
+    out = tmp_path / "swin"
+    result = run("report", EXPORTS["swin_t_train_bf16"], "-o", out)
+    assert result.exit_code == 0, result.output
+    assert {"report.html", "report.json", "run.sqlite"} <= {p.name for p in out.iterdir()}
+    assert "NVIDIA H200" in result.output and f"report: {out / 'report.html'}" in result.output
+    data = json.loads((out / "report.json").read_text())
+    assert data["source"] == "swin_t_train_bf16.sqlite.xz" and data["steps"]["measured"] == 7
+
+
+def test_refuses_to_overwrite_without_force(tmp_path):
+    out = tmp_path / "r"
+    assert run("report", EXPORTS["tiny_gemm_gelu"], "-o", out).exit_code == 0
+    again = run("report", EXPORTS["tiny_gemm_gelu"], "-o", out)
+    assert again.exit_code == 2
+    assert "already exists: pass --force" in again.output and "Traceback" not in again.output
+    assert run("report", EXPORTS["tiny_gemm_gelu"], "-o", out, "--force").exit_code == 0
+
+
+def test_run_directory_with_a_failed_script(tmp_path, export_path):
+    """A run directory of a script that crashed: the report says so."""
+    run_dir = tmp_path / "crashed"
+    run_dir.mkdir()
+    shutil.copy(export_path("swin_t_train_bf16_crash"), run_dir / "profile.sqlite")
+    shutil.copy(FIXTURES / "status" / "swin_t_train_bf16_crash.json", run_dir / "script_status.json")
+    result = run("report", run_dir, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["script"]["exit_code"] == 1
+    assert any("planted failure at step 6" in w for w in data["warnings"])
+    assert (run_dir / "report.html").exists()
+
+
+def test_steps_from_user_ranges(tmp_path):
+    result = run("report", EXPORTS["tiny_gemm_gelu"], "-o", tmp_path / "t", "--steps-from", "nvtx:^step[0-9]$",
+                 "--warmup-steps", "1", "--json")
+    assert result.exit_code == 0, result.output
+    steps = json.loads(result.output)["steps"]
+    assert steps["kind"] == "nvtx" and "step[0-9]" in steps["source"]
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path):
+    missing = run("report", tmp_path / "nope.sqlite")
+    assert missing.exit_code == 2 and "no such file or directory" in missing.output
+    junk = tmp_path / "junk.sqlite"
+    junk.write_text("not a database")
+    bad = run("report", junk, "-o", tmp_path / "o")
+    assert bad.exit_code == 2 and "not an SQLite file" in bad.output and "Traceback" not in bad.output
+    bad_xz = tmp_path / "bad.sqlite.xz"
+    bad_xz.write_bytes(b"nope")
+    assert "not a valid .xz file" in run("report", bad_xz, "-o", tmp_path / "o2").output
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    assert "no profile.sqlite" in run("report", empty_dir).output
+    regex = run("report", EXPORTS["tiny_gemm_gelu"], "-o", tmp_path / "o3", "--steps-from", "sometimes")
+    assert regex.exit_code == 2 and "nvtx:REGEX" in regex.output
