@@ -30,10 +30,12 @@ def test_contraction_flops_and_bytes():
     assert conv.flop == 2 * 32 * 96 * 56 * 56 * 3 * 4 * 4 and conv.math_path == "tf32"
 
 
-def test_elementwise_is_one_flop_per_output_and_unparsable_is_none():
+def test_elementwise_and_reductions_one_flop_per_element_and_unparsable_is_none():
     gelu = op_cost("aten::gelu", payload("aten::gelu", ["bfloat16[32,3136,384]"], "bfloat16[32,3136,384]"))
     n = 32 * 3136 * 384
     assert gelu.flop == n and gelu.bytes == 4 * n and gelu.math_path == "fp32"
+    total = op_cost("aten::sum", payload("aten::sum", ["bfloat16[64,1000]", [1]], "bfloat16[64]"))
+    assert total.flop == 64 * 1000  # a reduction: one FLOP per input element
     assert op_cost("aten::gelu", "not json") is None
     assert op_cost("aten::empty", payload("aten::empty", [[3, 4]], None)) is None
 
@@ -97,3 +99,8 @@ def test_without_op_ranges_classification_falls_back_to_heuristics(analysed):
     assert set(k["evidence"]) == {"heuristic"}
     gemm = k[k["family"] == "gemm"]
     assert set(gemm["kernel_class"]) <= {"compute", "overhead"}
+
+
+def test_unrolled_kernels_are_not_roll_copies():
+    assert family_of("void at::native::unrolled_elementwise_kernel<at::native::GeluCUDAKernelImpl>") == "elementwise"
+    assert family_of("void at::native::roll_cuda_kernel<c10::BFloat16>(const T1 *, T1 *)") == "copy"

@@ -6,7 +6,8 @@ recorded on the detail step (the ``gpudiag:op`` NVTX payload).
 - FLOPs: contractions use 2 FLOP per multiply-add: mm/addmm/linear 2·M·N·K, bmm/baddbmm 2·B·M·N·K,
   convolution 2·N·Cout·Hout·Wout·(Cin/groups)·kh·kw (backward: twice the forward, for the input and
   weight gradients), scaled-dot-product attention 4·B·H·L·S·D (backward 2.5x). Any other op is
-  counted as one FLOP per output element.
+  counted as one FLOP per element of its largest operand (the
+  output of an element-wise op, the input of a reduction).
 - math path: contractions in bf16/fp16 run on tensor cores; fp32 matmuls on the fp32 SIMT path
   (PyTorch's default ``allow_tf32=False``), fp32 convolutions on TF32 (cuDNN's default
   ``allow_tf32=True``); other ops on the fp32 path.
@@ -109,7 +110,8 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
         flop = 4.0 * b * h * l * s * d * (2.5 if "backward" in op else 1.0)
     contraction = flop is not None
     if not contraction:
-        flop = float(sum(_numel(s) for _, s in outs)) if outs else 0.0
+        # one FLOP per element of the largest operand: outputs for element-wise ops, inputs for reductions
+        flop = float(max(_numel(s) for _, s in ins + outs))
         path = "fp32" if path in ("bf16", "fp16", "fp8", "tf32") else path
     return OpCost(flop=flop, bytes=nbytes, math_path=path)
 

@@ -20,7 +20,7 @@ FAMILY_PATTERNS: tuple[tuple[str, str], ...] = (
     ("norm", r"layer_norm|layernorm|rms_?norm|batch_norm|batchnorm|group_norm|groupnorm|welford"),
     ("softmax", r"softmax"),
     ("reduce", r"reduce_kernel|reduction|reduce"),
-    ("copy", r"copy|cat_|catarray|transpose|permute|index|gather|scatter|roll|memcpy|fill"),
+    ("copy", r"copy|cat_|catarray|transpose|permute|index|gather|scatter|(?<!un)roll|memcpy|fill"),  # not "unrolled_"
     ("elementwise", r"elementwise|vectorized|unrolled|pointwise|triton_poi"),
 )
 
