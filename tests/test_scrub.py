@@ -30,3 +30,12 @@ def test_scrub_a_real_export(export_path, tmp_path):
     assert b"/home/alice" not in raw and b"TOKEN=abc" not in raw  # gone from free pages too (VACUUM)
     after = kernel_summary(read_export(copy).kernels)
     assert before.equals(after)
+
+
+def test_scrubbed_fixture_keeps_driver_but_not_host(export_path):
+    export = read_export(export_path("swin_t_train_bf16"))
+    assert export.environment["driver_version"] == "580.159.04"
+    assert export.environment["os"].startswith("Ubuntu")
+    with sqlite3.connect(export_path("swin_t_train_bf16")) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM TARGET_INFO_SYSTEM_ENV")}
+    assert "Hostname" not in names and "DeviceEnvironment" not in names

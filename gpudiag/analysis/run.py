@@ -38,7 +38,7 @@ def ingest(export_path: Path, db_path: Path, source_name: str | None = None) -> 
               "memset": export.memset, "sync": export.sync, "nvtx_ranges": export.nvtx_ranges,
               "devices": export.devices}
     return store.create_run_db(db_path, tables, {"source": source_name or export_path.name,
-                                                 "missing": export.missing})
+                                                 "missing": export.missing, "environment": export.environment})
 
 
 def _per_step(values: pd.Series, n_steps: int) -> float:
@@ -235,6 +235,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "gpudiag_version": __version__,
         "source": meta.get("source"),
         "script": status or None,
+        "environment": {**meta.get("environment", {}),
+                        **{k: (status or {}).get(k) for k in ("torch_version", "torch_cuda_version") if (status or {}).get(k)}},
         "device": {"name": device_peaks.name, "sm_count": device_peaks.sm_count,
                    "memory_bandwidth_bytes_per_s": device_peaks.bandwidth, "peak_flop_per_s": device_peaks.flops,
                    "peaks_source": device_peaks.source, "launch_overhead_ns": device_peaks.launch_overhead_ns},

@@ -179,18 +179,27 @@ def _make_op_mode(nvtx):
 
 # ---- steps -------------------------------------------------------------------------------------
 
-def _open_step(state: _State) -> None:
-    state.step_index += 1
-    state.step_range = state.nvtx.start(f"{nvtx_names.STEP}{state.step_index}")
+def _start_op_ranges_if_detail(state: _State) -> None:
+    """Enter the op-range dispatch mode when the step just opened is the detail step."""
     if state.config.op_ranges and state.step_index == state.config.effective_detail_step:
         state.op_mode = _make_op_mode(state.nvtx)
         state.op_mode.__enter__()
 
 
-def _close_step(state: _State) -> None:
+def _stop_op_ranges(state: _State) -> None:
     if state.op_mode is not None:
         state.op_mode.__exit__(None, None, None)
         state.op_mode = None
+
+
+def _open_step(state: _State) -> None:
+    state.step_index += 1
+    state.step_range = state.nvtx.start(f"{nvtx_names.STEP}{state.step_index}")
+    _start_op_ranges_if_detail(state)
+
+
+def _close_step(state: _State) -> None:
+    _stop_op_ranges(state)
     if state.step_range is not None:
         state.nvtx.end(state.step_range)
         state.step_range = None
@@ -307,17 +316,13 @@ def _wrap_user_nvtx(state: _State, torch) -> None:
         if state.step_regex.search(str(msg)):
             state.step_index += 1
             depth_of_step.append(depth[0])
-            if state.config.op_ranges and state.step_index == state.config.effective_detail_step:
-                state.op_mode = _make_op_mode(state.nvtx)
-                state.op_mode.__enter__()
+            _start_op_ranges_if_detail(state)
         return result
 
     def range_pop():
         if depth_of_step and depth_of_step[-1] == depth[0]:
             depth_of_step.pop()
-            if state.op_mode is not None:
-                state.op_mode.__exit__(None, None, None)
-                state.op_mode = None
+            _stop_op_ranges(state)
             state.steps_completed += 1
         depth[0] -= 1
         return original_pop()
@@ -376,9 +381,7 @@ def finish() -> dict:
     if state is None:
         return {}
     with state.lock:
-        if state.op_mode is not None:
-            state.op_mode.__exit__(None, None, None)
-            state.op_mode = None
+        _stop_op_ranges(state)
         if state.step_range is not None:
             state.nvtx.end(state.step_range)
             state.step_range = None

@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import torch
 
+            status["torch_version"] = torch.__version__
+            status["torch_cuda_version"] = torch.version.cuda
             if torch.cuda.is_available():
                 torch.cuda.synchronize()  # the kernels of the last step finish inside the capture
         except Exception:  # noqa: BLE001 - a broken CUDA context must not hide the status

@@ -41,6 +41,7 @@ class NsysExport:
     sync: pd.DataFrame
     nvtx_ranges: pd.DataFrame
     devices: pd.DataFrame
+    environment: dict = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
 
 
@@ -119,6 +120,7 @@ def read_export(path: Path) -> NsysExport:
         (ranges only; marks and unfinished ranges are dropped)
       devices: device_id, name, sm_count, memory_bandwidth_bytes_per_s, clock_rate_hz,
         l2_cache_bytes, total_memory_bytes, compute_major, compute_minor
+      environment (dict): driver_version, cuda_driver_version, os, cpu, nsys_version where recorded
     Raises :class:`ExportError` for a file that is not an nsys export.
     """
     conn = open_export(path)
@@ -192,9 +194,28 @@ def read_export(path: Path) -> NsysExport:
             "l2CacheSize": "l2_cache_bytes", "totalMemory": "total_memory_bytes",
             "computeMajor": "compute_major", "computeMinor": "compute_minor"}, tables, missing)
         return NsysExport(path=path, kernels=k, runtime_api=api, memcpy=mc, memset=ms, sync=sy,
-                          nvtx_ranges=nv, devices=dev, missing=missing)
+                          nvtx_ranges=nv, devices=dev, environment=_environment(conn, tables), missing=missing)
     finally:
         conn.close()
+
+
+ENVIRONMENT_KEYS = {"NvDriverVersion": "driver_version", "CudaDriverVersion": "cuda_driver_version",
+                    "OsDescription": "os", "CpuDescription": "cpu"}
+
+
+def _environment(conn, tables: set[str]) -> dict:
+    """Driver, CUDA driver API version, OS and CPU of the capture machine, and the nsys version,
+    where the export records them (``TARGET_INFO_SYSTEM_ENV``, ``META_DATA_EXPORT``)."""
+    env = {}
+    if "TARGET_INFO_SYSTEM_ENV" in tables:
+        rows = conn.execute("SELECT name, value FROM TARGET_INFO_SYSTEM_ENV WHERE name IN ({})".format(
+            ",".join("?" * len(ENVIRONMENT_KEYS))), tuple(ENVIRONMENT_KEYS)).fetchall()
+        env.update({ENVIRONMENT_KEYS[name]: value for name, value in rows})
+    if "META_DATA_EXPORT" in tables:
+        row = conn.execute("SELECT value FROM META_DATA_EXPORT WHERE name = 'EXPORT_PRODUCT_VERSION'").fetchone()
+        if row:
+            env["nsys_version"] = row[0]
+    return env
 
 
 def _pid_of(global_tid: pd.Series) -> pd.Series:

@@ -3,8 +3,9 @@ variables (which can hold secrets), working directory and absolute paths.
 
     python -m gpudiag.sources.scrub EXPORT.sqlite [...]
 
-In place: deletes the environment and working-directory rows (``TARGET_INFO_SYSTEM_ENV``,
-``META_DATA_CAPTURE`` env/directory entries), replaces every absolute path in every text column
+In place: deletes the identifying rows of ``TARGET_INFO_SYSTEM_ENV`` (environment, host name,
+install folder, system id; driver, CUDA, OS and CPU descriptions stay: the gate compares them) and
+the ``META_DATA_CAPTURE`` environment/directory entries, replaces every absolute path in every text column
 with its last component, replaces environment blocks (three or more ``NAME=value``) whole (``/home/me/run/train.py`` -> ``train.py``), then VACUUMs so no deleted
 page keeps the old text. Kernel names, NVTX text and timings are untouched.
 """
@@ -22,6 +23,7 @@ ABSOLUTE_PATH = re.compile(r"(?<![\w.])(?:/[\w.+@%~-]+){2,}/?")
 # Environment blocks (e.g. of exec'd processes, stored in StringIds): several NAME=value tokens.
 ENV_ASSIGNMENT = re.compile(r"(?:^|[\s\x00])[A-Z_][A-Z0-9_]*=")  # exec environments are NUL-separated
 ENV_REMOVED = "[environment removed by gpudiag scrub]"
+SYSTEM_ENV_DROP = ("DeviceEnvironment", "Hostname", "TargetInstallDir", "SystemUID")
 _DROP_META = re.compile(r"env|environment|directory|cwd|path", re.IGNORECASE)
 
 
@@ -47,7 +49,8 @@ def scrub(path: Path) -> int:
     try:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         if "TARGET_INFO_SYSTEM_ENV" in tables:
-            conn.execute("DELETE FROM TARGET_INFO_SYSTEM_ENV")
+            conn.execute("DELETE FROM TARGET_INFO_SYSTEM_ENV WHERE name IN ({})".format(
+                ",".join("?" * len(SYSTEM_ENV_DROP))), SYSTEM_ENV_DROP)
         if "META_DATA_CAPTURE" in tables:
             names = [r[0] for r in conn.execute("SELECT DISTINCT name FROM META_DATA_CAPTURE")]
             for name in names:
