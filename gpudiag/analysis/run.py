@@ -52,48 +52,71 @@ def _stats(values: pd.Series) -> dict:
             "min": float(values.min()), "max": float(values.max())}
 
 
-def _module_table(k: pd.DataFrame, module_classes: dict[str, str], n_steps: int, step_ns: float,
-                  min_share_percent: float = 0.5, max_rows: int = 60) -> list[dict]:
-    """GPU time per module (forward pass), per measured step, in tree order: each module is
-    followed by its children, largest first. Inclusive time counts a kernel for its innermost
-    module and every enclosing module; modules under ``min_share_percent`` of the step are left out.
-    Loops run over distinct module paths (hundreds), never over kernels."""
-    in_module = k[k["module"] != ""]
-    if in_module.empty:
-        return []
-    per_class = in_module.groupby(["module", "kernel_class"])["duration_ns"].sum()
-    self_ns = in_module.groupby("module")["duration_ns"].sum()
-    cls = {**module_classes, **in_module.groupby("module")["module_class"].first().to_dict()}
-    known = set(module_classes) | set(self_ns.index)
+def _module_inclusive(in_module: pd.DataFrame, known: set[str]) -> pd.DataFrame:
+    """Inclusive kernel time per (module, step, kernel_class): a kernel counts for its innermost
+    module and every enclosing module in ``known``. Explodes distinct module paths, not kernels."""
+    per = in_module.groupby(["module", "step", "kernel_class"])["duration_ns"].sum().reset_index()
+    paths = per["module"].unique()
 
     def ancestors(path: str) -> list[str]:
         parts = path.split(".")
         return [p for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if p in known]
 
-    rows = [(prefix, kernel_class, ns) for (path, kernel_class), ns in per_class.items() for prefix in ancestors(path)]
-    incl_by_class = pd.DataFrame(rows, columns=["module", "kernel_class", "ns"]).groupby(["module", "kernel_class"])["ns"].sum()
-    incl = incl_by_class.groupby(level=0).sum()
-    dominant = incl_by_class.unstack(fill_value=0).idxmax(axis=1)
+    links = pd.DataFrame([(path, prefix) for path in paths for prefix in ancestors(path)], columns=["module", "ancestor"])
+    out = per.merge(links, on="module").drop(columns="module").rename(columns={"ancestor": "module"})
+    return out.groupby(["module", "step", "kernel_class"])["duration_ns"].sum().reset_index()
+
+
+def _module_table(incl: pd.DataFrame, self_ns: pd.Series, module_classes: dict[str, str], n_steps: int,
+                  step_ns: float, min_share_percent: float = 0.5, max_rows: int = 60) -> list[dict]:
+    """GPU time per module (forward pass), per measured step, in tree order: each module is
+    followed by its children, largest first; modules under ``min_share_percent`` of the step are
+    left out. ``incl`` comes from :func:`_module_inclusive`."""
+    by_class = incl.groupby(["module", "kernel_class"])["duration_ns"].sum()
+    total = by_class.groupby(level=0).sum()
+    dominant = by_class.unstack(fill_value=0).idxmax(axis=1)
     children: dict[str | None, list[str]] = {}
-    for path in incl.index:
-        parents = ancestors(path)[:-1]
-        children.setdefault(parents[-1] if parents else None, []).append(path)
+    for path in total.index:  # one iteration per module path
+        parents = [p for p in (path.rsplit(".", i)[0] for i in range(1, path.count(".") + 1)) if p in total.index]
+        children.setdefault(parents[0] if parents else None, []).append(path)
 
     table: list[dict] = []
 
     def visit(parent: str | None, depth: int) -> None:
-        for path in sorted(children.get(parent, []), key=lambda p: -incl[p]):
-            per = float(incl[path]) / n_steps
+        for path in sorted(children.get(parent, []), key=lambda p: -total[p]):
+            per = float(total[path]) / n_steps
             share = 100.0 * per / step_ns if step_ns else None
             if share is not None and share < min_share_percent:
                 continue
-            table.append({"module": path, "module_class": cls.get(path, ""), "depth": depth,
+            table.append({"module": path, "module_class": module_classes.get(path, ""), "depth": depth,
                           "inclusive_ns_per_step": per, "self_ns_per_step": float(self_ns.get(path, 0)) / n_steps,
                           "share_of_step_percent": share, "dominant_class": dominant[path]})
             visit(path, depth + 1)
 
     visit(None, 0)
     return table[:max_rows]
+
+
+def _per_step_metrics(km: pd.DataFrame, measured: pd.DataFrame, per_step: list[dict], incl: pd.DataFrame,
+                      modules: list[dict]) -> list[dict]:
+    """Per measured step, the samples the CI gate tests: step time, GPU busy time, overhead share,
+    kernel launches, GPU time per kernel family and per module of the module table (all ns)."""
+    families = km.groupby(["step", "family"])["duration_ns"].sum().unstack(fill_value=0)
+    listed = [m["module"] for m in modules]
+    mods = (incl[incl["module"].isin(listed)].groupby(["step", "module"])["duration_ns"].sum().unstack(fill_value=0)
+            if not incl.empty else pd.DataFrame())
+    by_step = {e["step"]: e for e in per_step}
+    rows = []
+    for row in measured.itertuples(index=False):
+        entry = by_step[row.step]
+        rows.append({
+            "step": int(row.step), "step_time_ns": float(row.step_time_ns), "busy_ns": float(row.busy_ns),
+            "overhead_percent": 100.0 * entry.get("overhead_ns", 0.0) / row.step_time_ns if row.step_time_ns else None,
+            "kernel_launches": int(row.kernels),
+            "families_ns": {f: float(v) for f, v in families.loc[row.step].items()} if row.step in families.index else {},
+            "modules_ns": {m: float(v) for m, v in mods.loc[row.step].items()} if row.step in mods.index else {},
+        })
+    return rows
 
 
 def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | None = None,
@@ -198,10 +221,16 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
             "efficiency": _num(info["efficiency"]),
         })
 
+    in_module = km[km["module"] != ""]
     module_texts = nvtx["text"].dropna()
     module_texts = module_texts[module_texts.str.startswith(nvtx_names.MODULE)].str[len(nvtx_names.MODULE):].drop_duplicates()
     split = module_texts.str.rsplit("|", n=1)
     module_classes = dict(zip(split.str[0], split.str[-1]))
+    known_modules = set(module_classes) | set(in_module["module"])
+    incl = _module_inclusive(in_module, known_modules) if not in_module.empty else pd.DataFrame(
+        columns=["module", "step", "kernel_class", "duration_ns"])
+    modules = (_module_table(incl, in_module.groupby("module")["duration_ns"].sum(), module_classes, n, step_ns)
+               if n and not incl.empty else [])
     gaps_m = gaps.merge(k[["kernel_id", "step", "name", "short_name"]], on="kernel_id")
     gaps_m = gaps_m[gaps_m["step"].isin(measured_ids)]
     stream_rows = []
@@ -253,7 +282,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "phases_ns_per_step": {p: float(v) for p, v in phases.items()},
         "top_kernels": top_kernels,
         "families_ns_per_step": {f: float(v) / n for f, v in km.groupby("family")["duration_ns"].sum().items()} if n else {},
-        "modules": _module_table(km, module_classes, n, step_ns) if n else [],
+        "modules": modules,
+        "per_step_metrics": _per_step_metrics(km, measured, per_step, incl, modules) if n else [],
         "idle": {
             "host_bound_idle_ns_per_step": _per_step(idle_m.loc[idle_m["host_bound"], "duration_ns"], n),
             "other_idle_ns_per_step": _per_step(idle_m.loc[~idle_m["host_bound"], "duration_ns"], n),

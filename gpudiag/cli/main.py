@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from gpudiag import __version__
+from gpudiag.cli import gate as gate_cmd
 from gpudiag.cli import profile as profile_cmd
 from gpudiag.cli import report as report_cmd
 
@@ -18,8 +19,11 @@ def cli() -> None:
     \b
     gpudiag profile train.py -- --epochs 1     profile a script on this GPU
     gpudiag report RUN_DIR_OR_SQLITE           analyse a run or any nsys SQLite export
+    gpudiag gate BASELINE CURRENT              fail CI on a GPU performance regression
     """
 
 
 cli.add_command(profile_cmd.profile)
 cli.add_command(report_cmd.report)
+cli.add_command(gate_cmd.gate)
+cli.add_command(gate_cmd.baseline)

@@ -1,0 +1,218 @@
+"""The CI performance gate: compare two runs metric by metric, on per-step samples.
+
+A metric *regresses* only when all three hold:
+
+1. its median over steps moved in the bad direction by more than its relative threshold
+   (default 5 % for step time, 10 % for per-family and per-module time, see :data:`DEFAULT_THRESHOLDS`);
+2. the move is larger than the metric's absolute noise floor (default 20 µs per step for times,
+   2 launches, 1 percentage point for shares), so tiny kernels cannot trip the gate;
+3. the two sets of per-step samples differ significantly: two-sided Mann–Whitney U test
+   (``scipy.stats.mannwhitneyu``), p < ``alpha`` (default 0.05).
+
+Why Mann–Whitney U: step times are not normal (warm-up tails, host jitter), the test is rank-based
+and needs no distribution, and with 7 measured steps per run its smallest exact two-sided p-value
+is 2/C(14,7) ≈ 0.0006, so a real shift is detectable from one short capture. A change that passes
+(1) and (2) but not (3) is reported as a *warning*: large, but not distinguishable from noise.
+An improvement is the same test in the good direction.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.stats import mannwhitneyu
+
+BASELINE_FORMAT = 1
+
+# (metric-name glob, relative threshold); first match wins, user entries come before these.
+DEFAULT_THRESHOLDS: tuple[tuple[str, float], ...] = (
+    ("step_time", 0.05), ("gpu_busy", 0.05), ("kernel_launches", 0.05), ("overhead_percent", 0.10),
+    ("family:*", 0.10), ("module:*", 0.10), ("*", 0.10),
+)
+# Absolute noise floors by unit: ns per step, launches per step, percentage points.
+DEFAULT_NOISE_FLOORS = {"ns": 20_000.0, "count": 2.0, "percent": 1.0}
+
+
+class GateError(ValueError):
+    """Invalid gate input or configuration (exit code 2), or runs that cannot be compared (3)."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class Metric:
+    """One gated metric: per-step ``samples`` in ``unit``; ``direction`` says which way is better."""
+
+    name: str
+    unit: str  # ns, count or percent
+    samples: list[float]
+    direction: str = "lower"  # every gated metric is lower-is-better today
+
+
+@dataclass
+class GateConfig:
+    """Gate settings: ``alpha`` (significance level), ``thresholds`` and ``noise_floors`` as
+    (metric glob, value) pairs tried before the defaults, and ``ignore`` globs."""
+
+    alpha: float = 0.05
+    thresholds: list[tuple[str, float]] = field(default_factory=list)
+    noise_floors: list[tuple[str, float]] = field(default_factory=list)
+    ignore: list[str] = field(default_factory=list)
+
+    def threshold(self, name: str) -> float:
+        return next(v for pattern, v in (*self.thresholds, *DEFAULT_THRESHOLDS) if fnmatch.fnmatchcase(name, pattern))
+
+    def noise_floor(self, name: str, unit: str) -> float:
+        return next((v for pattern, v in self.noise_floors if fnmatch.fnmatchcase(name, pattern)),
+                    DEFAULT_NOISE_FLOORS.get(unit, 0.0))
+
+    def ignored(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.ignore)
+
+
+CONFIG_KEYS = {"alpha", "threshold", "noise_floor", "ignore"}
+
+
+def config_from_table(table: dict, origin: str) -> GateConfig:
+    """GateConfig from a ``[tool.gpudiag.gate]`` TOML table. Raises :class:`GateError` (exit 2) for
+    unknown keys or values of the wrong type, naming ``origin`` (the file)."""
+    unknown = set(table) - CONFIG_KEYS
+    if unknown:
+        raise GateError(f"{origin}: unknown key(s) {sorted(unknown)} in [tool.gpudiag.gate]; allowed: {sorted(CONFIG_KEYS)}")
+    try:
+        alpha = float(table.get("alpha", 0.05))
+        thresholds = [(str(k), float(v)) for k, v in table.get("threshold", {}).items()]
+        floors = [(str(k), float(v)) for k, v in table.get("noise_floor", {}).items()]
+        ignore = [str(p) for p in table.get("ignore", [])]
+    except (TypeError, ValueError, AttributeError):
+        raise GateError(f"{origin}: [tool.gpudiag.gate] values must be numbers (alpha, threshold.*, "
+                        "noise_floor.*) and a list of globs (ignore)") from None
+    if not 0 < alpha < 1 or any(v < 0 for _, v in thresholds + floors):
+        raise GateError(f"{origin}: alpha must be in (0, 1) and thresholds/noise floors must be >= 0")
+    return GateConfig(alpha=alpha, thresholds=thresholds, noise_floors=floors, ignore=ignore)
+
+
+def metrics_from_report(report: dict) -> dict[str, Metric]:
+    """Gated metrics from a ``report.json`` dict: step_time, gpu_busy, overhead_percent,
+    kernel_launches, ``family:<name>`` and ``module:<path>`` (GPU time per step).
+    Raises :class:`GateError` (exit 3) for a report without per-step samples."""
+    steps = report.get("per_step_metrics")
+    if not steps:
+        raise GateError("the run has no per-step samples (no measured steps, or a report.json from an older "
+                        "gpudiag: re-run 'gpudiag report' on it)", exit_code=3)
+    metrics = {
+        "step_time": Metric("step_time", "ns", [s["step_time_ns"] for s in steps]),
+        "gpu_busy": Metric("gpu_busy", "ns", [s["busy_ns"] for s in steps]),
+        "overhead_percent": Metric("overhead_percent", "percent", [s["overhead_percent"] or 0.0 for s in steps]),
+        "kernel_launches": Metric("kernel_launches", "count", [float(s["kernel_launches"]) for s in steps]),
+    }
+    for key, prefix in (("families_ns", "family:"), ("modules_ns", "module:")):
+        names = sorted({n for s in steps for n in s.get(key, {})})
+        for n in names:
+            metrics[prefix + n] = Metric(prefix + n, "ns", [s.get(key, {}).get(n, 0.0) for s in steps])
+    return metrics
+
+
+def baseline_from_report(report: dict) -> dict:
+    """The baseline file's content (meant to be committed): format, source, environment and the
+    per-step samples of every gated metric."""
+    return {"gpudiag_baseline": BASELINE_FORMAT, "source": report.get("source"),
+            "gpudiag_version": report.get("gpudiag_version"), "environment": environment_of(report),
+            "metrics": {m.name: {"unit": m.unit, "direction": m.direction, "samples": m.samples}
+                        for m in metrics_from_report(report).values()}}
+
+
+def load(data: dict, origin: str) -> tuple[dict[str, Metric], dict]:
+    """(metrics, environment) from a parsed report.json or baseline file. Raises :class:`GateError`
+    (exit 3) when it is neither, or has no samples."""
+    if data.get("gpudiag_baseline") == BASELINE_FORMAT:
+        try:
+            metrics = {name: Metric(name, m["unit"], [float(x) for x in m["samples"]], m.get("direction", "lower"))
+                       for name, m in data["metrics"].items()}
+        except (KeyError, TypeError, ValueError):
+            raise GateError(f"{origin}: a damaged baseline file; re-create it with 'gpudiag baseline save RUN'", exit_code=3) from None
+        return metrics, data.get("environment") or {}
+    if "schema_version" in data and "steps" in data:
+        try:
+            return metrics_from_report(data), environment_of(data)
+        except GateError as exc:
+            raise GateError(f"{origin}: {exc}", exit_code=3) from None
+    raise GateError(f"{origin}: neither a gpudiag report.json nor a baseline file", exit_code=3)
+
+
+def environment_of(report: dict) -> dict:
+    """The facts two runs must share to be comparable: GPU, driver, torch (where recorded)."""
+    env = report.get("environment") or {}
+    return {"gpu": (report.get("device") or {}).get("name"), "driver_version": env.get("driver_version"),
+            "torch_version": env.get("torch_version")}
+
+
+def differences(base_env: dict, cur_env: dict) -> list[str]:
+    """What differs between two environments; a fact missing on either side is not compared."""
+    return [f"{k}: {base_env[k]} -> {cur_env[k]}" for k in base_env
+            if base_env.get(k) and cur_env.get(k) and base_env[k] != cur_env[k]]
+
+
+@dataclass
+class Comparison:
+    """The verdict on one metric. ``change`` is relative (0.05 = +5 %); ``p_value`` from the
+    two-sided Mann–Whitney U test (1.0 when it cannot be computed)."""
+
+    name: str
+    unit: str
+    baseline_median: float | None
+    current_median: float | None
+    change: float | None
+    p_value: float | None
+    threshold: float
+    noise_floor: float
+    verdict: str  # regression, improvement, warning, ok, new, gone
+
+
+def _p_value(a: list[float], b: list[float]) -> float:
+    if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0 and a[0] == b[0]):
+        return 1.0
+    return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
+
+
+def compare(baseline: dict[str, Metric], current: dict[str, Metric], config: GateConfig) -> list[Comparison]:
+    """One :class:`Comparison` per metric in either run (ignored ones left out), step time first."""
+    out = []
+    names = sorted(set(baseline) | set(current), key=lambda n: (":" in n, n))
+    for name in names:
+        if config.ignored(name):
+            continue
+        b, c = baseline.get(name), current.get(name)
+        unit = (b or c).unit
+        threshold, floor = config.threshold(name), config.noise_floor(name, unit)
+        if b is None or c is None:
+            out.append(Comparison(name, unit, None if b is None else float(np.median(b.samples)),
+                                  None if c is None else float(np.median(c.samples)), None, None, threshold, floor,
+                                  "new" if b is None else "gone"))
+            continue
+        mb, mc = float(np.median(b.samples)), float(np.median(c.samples))
+        delta = mc - mb
+        change = delta / mb if mb else (math.inf if delta else 0.0)
+        p = _p_value(b.samples, c.samples)
+        worse = delta > 0 if b.direction == "lower" else delta < 0
+        large = abs(change) > threshold and abs(delta) > floor
+        if large and p < config.alpha:
+            verdict = "regression" if worse else "improvement"
+        elif large and worse:
+            verdict = "warning"
+        else:
+            verdict = "ok"
+        out.append(Comparison(name, unit, mb, mc, change, p, threshold, floor, verdict))
+    return out
+
+
+def overall(comparisons: list[Comparison]) -> tuple[str, int]:
+    """(verdict, exit code): ("regression", 1) if any metric regressed, else ("pass", 0)."""
+    if any(c.verdict == "regression" for c in comparisons):
+        return "regression", 1
+    return "pass", 0
