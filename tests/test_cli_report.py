@@ -73,3 +73,36 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     assert "no profile.sqlite" in run("report", empty_dir).output
     regex = run("report", EXPORTS["tiny_gemm_gelu"], "-o", tmp_path / "o3", "--steps-from", "sometimes")
     assert regex.exit_code == 2 and "nvtx:REGEX" in regex.output
+
+
+def test_more_bad_inputs(tmp_path, export_path):
+    bad_regex = run("report", EXPORTS["tiny_gemm_gelu"], "-o", tmp_path / "a", "--steps-from", "nvtx:[")
+    assert bad_regex.exit_code == 2 and "invalid regular expression" in bad_regex.output
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    on_file = run("report", EXPORTS["tiny_gemm_gelu"], "-o", a_file)
+    assert on_file.exit_code == 2 and "is not a directory" in on_file.output
+    run_dir = tmp_path / "damaged"
+    run_dir.mkdir()
+    shutil.copy(export_path("tiny_gemm_gelu"), run_dir / "profile.sqlite")
+    (run_dir / "script_status.json").write_text("{not json")
+    damaged = run("report", run_dir)
+    assert damaged.exit_code == 2 and "script_status.json: not a gpudiag status file" in damaged.output
+
+
+def test_markup_like_regex_prints_verbatim(tmp_path):
+    """A step regex holding rich markup ("[/]") is printed as text, not parsed (no MarkupError)."""
+    result = run("report", EXPORTS["tiny_gemm_gelu"], "-o", tmp_path / "m", "--steps-from", "nvtx:[/]?step[0-9]")
+    assert result.exit_code == 0, result.output
+    assert "[/]?step[0-9]" in result.output
+
+
+def test_a_run_directory_uses_its_own_warmup_setting(tmp_path, export_path):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    shutil.copy(export_path("swin_t_train_bf16_bare"), run_dir / "profile.sqlite")
+    status = json.loads((FIXTURES / "status" / "swin_t_train_bf16_bare.json").read_text())
+    status["warmup_steps"] = 4
+    (run_dir / "script_status.json").write_text(json.dumps(status))
+    data = json.loads(run("report", run_dir, "--json").output)
+    assert data["steps"]["warmup_steps"] == 4 and data["steps"]["measured"] == 6

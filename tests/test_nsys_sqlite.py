@@ -9,6 +9,7 @@ import sqlite3
 import pandas as pd
 import pytest
 
+from gpudiag.analysis.run import analyse, ingest
 from gpudiag.sources.nsys_sqlite import ExportError, kernel_summary, read_export
 
 from conftest import FIXTURES
@@ -48,7 +49,8 @@ def test_reader_resolves_names_and_joins_pids(export_path):
 
 
 def test_absent_tables_are_reported_not_fatal(export_path, tmp_path):
-    """An export without NVTX or runtime API tables (tracing off) still reads; what is missing is listed."""
+    """An export without NVTX or runtime API tables (tracing off) still reads and analyses; the
+    missing core tables are listed (an empty memcpy table is normal, not "missing")."""
     copy = tmp_path / "stripped.sqlite"
     shutil.copy(export_path("swin_t_train_bf16"), copy)
     with sqlite3.connect(copy) as conn:
@@ -56,8 +58,15 @@ def test_absent_tables_are_reported_not_fatal(export_path, tmp_path):
         conn.execute("DROP TABLE CUPTI_ACTIVITY_KIND_RUNTIME")
         conn.execute("DROP TABLE CUPTI_ACTIVITY_KIND_MEMCPY")
     export = read_export(copy)
-    assert {"NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY"} <= set(export.missing)
+    assert {"NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME"} <= set(export.missing)
+    assert "CUPTI_ACTIVITY_KIND_MEMCPY" not in export.missing
     assert export.nvtx_ranges.empty and export.runtime_api.empty and len(export.kernels) > 10000
+    report = analyse(ingest(copy, tmp_path / "run.sqlite"))
+    assert report["steps"]["kind"] == "whole" and report["steps"]["count"] == 1
+    assert any("no CUDA API calls" in w for w in report["warnings"])
+    assert any("CUPTI_ACTIVITY_KIND_RUNTIME" in w for w in report["warnings"])
+    # every kernel is in the one window (placed by its own start time, there being no launch calls)
+    assert report["steps"]["per_step"][0]["kernels"] == len(export.kernels)
 
 
 def test_not_an_export(tmp_path):

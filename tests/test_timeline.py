@@ -64,3 +64,45 @@ def test_detail_step_overhead_is_measured_and_excluded(analysed):
     detail = [s for s in r["steps"]["per_step"] if s["step"] == 2][0]
     assert detail["detail"] and not detail["measured"]
     assert [s["step"] for s in r["steps"]["per_step"] if s["warmup"]] == [0, 1]
+
+
+def test_busy_time_against_an_independent_bitmap(analysed, export_path):
+    """Busy time of one real step recomputed from the raw export with a 1-ns bitmap."""
+    import sqlite3
+
+    db, r = analysed("swin_t_train_bf16")
+    steps = {row["step"]: row for row in db["steps"].rows}
+    step = steps[5]
+    lo, hi = int(step["window_start_ns"]), int(step["gpu_end_ns"])
+    bitmap = np.zeros(hi - lo, dtype=bool)
+    with sqlite3.connect(export_path("swin_t_train_bf16")) as conn:
+        for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+            for start, end in conn.execute(f"SELECT start, end FROM {table} WHERE end > ? AND start < ?", (lo, hi)):
+                bitmap[max(start, lo) - lo:min(end, hi) - lo] = True
+    assert int(bitmap.sum()) == step["busy_ns"]
+    entry = next(s for s in r["steps"]["per_step"] if s["step"] == 5)
+    assert entry["host_bound_idle_ns"] <= entry["idle_ns"]
+    assert entry["busy_ns"] == step["busy_ns"]
+
+
+def test_two_processes_report_the_busier_one(export_path, tmp_path):
+    """An export where a second process ran a copy of half the kernels: the report covers the
+    busier process (the original), says so, and its numbers equal the single-process report."""
+    import shutil
+    import sqlite3
+
+    from gpudiag.analysis.run import analyse, ingest
+
+    copy = tmp_path / "two.sqlite"
+    shutil.copy(export_path("tiny_gemm_gelu"), copy)
+    other = 1 << 40  # another globalPid (pids live in bits 24..)
+    with sqlite3.connect(copy) as conn:
+        cols = [c[1] for c in conn.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")]
+        select = ", ".join(f"globalPid + {other}" if c == "globalPid" else c for c in cols)
+        conn.execute(f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL ({', '.join(cols)}) "
+                     f"SELECT {select} FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid % 2 = 0")
+    single = analyse(ingest(export_path("tiny_gemm_gelu"), tmp_path / "one.run.sqlite"))
+    double = analyse(ingest(copy, tmp_path / "two.run.sqlite"))
+    assert any("2 processes launched kernels" in w for w in double["warnings"])
+    assert double["steps"]["step_time_ns"] == single["steps"]["step_time_ns"]
+    assert double["top_kernels"] == single["top_kernels"]

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag import nvtx_names
+from gpudiag.analysis.errors import AnalysisError
 
 # Ranges a user names like a step, used when an export has no gpudiag step ranges.
 DEFAULT_USER_STEP_REGEX = r"(?i)(?:^|[^a-z])(?:step|iteration|iter)(?:[^a-z]|$)"
@@ -112,10 +113,12 @@ def _outermost(ranges: pd.DataFrame) -> pd.DataFrame:
     return r[r["start_ns"] >= prev_end]
 
 
-def find_steps(nvtx: pd.DataFrame, kernels: pd.DataFrame, steps_from: str | None = None) -> Steps:
+def find_steps(nvtx: pd.DataFrame, kernels: pd.DataFrame, steps_from: str | None = None,
+               runtime_api: pd.DataFrame | None = None) -> Steps:
     """Step windows: gpudiag's own step ranges when present (unless ``steps_from`` is
     ``nvtx:REGEX``), else the user's ranges matching REGEX or :data:`DEFAULT_USER_STEP_REGEX`,
-    else the whole capture as one window. Raises ValueError for an invalid REGEX."""
+    else the whole capture as one window (from the first launch call or kernel, whichever is
+    earlier, to the last kernel's end). Raises :class:`AnalysisError` for an invalid REGEX."""
     text = nvtx["text"].fillna("") if not nvtx.empty else pd.Series(dtype=str)
     regex = steps_from[5:] if steps_from and steps_from.startswith("nvtx:") else None
     if regex is None:
@@ -129,14 +132,20 @@ def find_steps(nvtx: pd.DataFrame, kernels: pd.DataFrame, steps_from: str | None
             t = pd.DataFrame({"step": mine["text"].str[len(nvtx_names.STEP):].astype(int),
                               "start_ns": mine["start_ns"], "end_ns": mine["end_ns"]})
             return Steps(t.sort_values("start_ns", ignore_index=True), "gpudiag step ranges (optimizer.step() or gpudiag.step())", "gpudiag")
-    pattern = re.compile(regex or DEFAULT_USER_STEP_REGEX)
+    try:
+        pattern = re.compile(regex or DEFAULT_USER_STEP_REGEX)
+    except re.error as exc:
+        raise AnalysisError(f"--steps-from nvtx:{regex}: invalid regular expression ({exc})") from None
     user = nvtx[~text.str.startswith(nvtx_names.PREFIX) & text.str.contains(pattern)] if not nvtx.empty else nvtx
     if not user.empty:
         user = _outermost(user)
         t = pd.DataFrame({"step": np.arange(len(user)), "start_ns": user["start_ns"].to_numpy(),
                           "end_ns": user["end_ns"].to_numpy()})
         return Steps(t, f"user NVTX ranges matching {pattern.pattern!r}", "nvtx")
-    start = kernels["start_ns"].min() if not kernels.empty else 0
+    starts = [kernels["start_ns"].min() if not kernels.empty else 0]
+    if runtime_api is not None and not runtime_api.empty:
+        starts.append(runtime_api["start_ns"].min())  # kernels are assigned by their launch call
+    start = min(starts)
     end = kernels["end_ns"].max() if not kernels.empty else 0
     t = pd.DataFrame({"step": [0], "start_ns": [start], "end_ns": [end + 1]})
     return Steps(t, "whole capture (no step ranges found; pass --steps-from nvtx:REGEX to use your own)", "whole")
@@ -163,12 +172,13 @@ def attribute(kernels: pd.DataFrame, runtime_api: pd.DataFrame, nvtx: pd.DataFra
     module_class, op (aten op name, '' if none), op_args (JSON text of shapes/dtypes, '' if none),
     op_call (index of the op call that launched it, -1 if none).
 
-    Kernels with no launch call in the export (API tracing off) whose steps are windows of the
-    whole capture fall back to their own start time for the step window."""
+    Kernels with no launch call in the export (API tracing off) have no step, except when the
+    step is the whole capture: then their own start time places them."""
     out = launch_calls(kernels, runtime_api)
     out.insert(0, "kernel_id", kernels["kernel_id"].to_numpy())
     when = out["api_start_ns"].to_numpy(dtype=float)
-    when = np.where(np.isnan(when), kernels["start_ns"].to_numpy(dtype=float), when)
+    if steps.kind == "whole":
+        when = np.where(np.isnan(when), kernels["start_ns"].to_numpy(dtype=float), when)
     st = steps.table
     idx = window_index(st["start_ns"].to_numpy(), st["end_ns"].to_numpy(), when)
     out["step"] = np.where(idx >= 0, st["step"].to_numpy()[np.maximum(idx, 0)], -1)

@@ -3,10 +3,12 @@
 This is the first cut, kept behind one function (:func:`classify`) so the roofline issue can
 replace it. Rules, in order:
 
-1. overhead-bound: the kernel is shorter than one eager op launch on the host
-   (``DevicePeaks.launch_overhead_ns``) and its grid is under one wave (fewer blocks than SMs), or
-   it is shorter than half a launch whatever its grid (design.md: "kernels too small for either
-   roof to matter"). Such kernels cannot keep the GPU busy in eager mode.
+1. overhead-bound (design.md: "kernels too small for either roof to matter (duration near the
+   launch latency, grid under one wave)"): shorter than one eager op launch on the host
+   (``DevicePeaks.launch_overhead_ns``, measured, docs/notes/measurements.md) with fewer blocks
+   than SMs (under one wave at one block per SM, a lower bound that ignores occupancy), or shorter
+   than half a launch whatever its grid (our choice: then launching costs the host twice the
+   kernel's own time, so eager mode cannot keep the GPU busy).
 2. with shapes (evidence ``shapes``): the FLOPs and bytes of the aten op that launched the kernel
    on the detail step (:mod:`gpudiag.analysis.costmodel`), shared among that op call's kernels in
    proportion to their durations, give the arithmetic intensity; at or above the ridge point of
@@ -40,12 +42,12 @@ def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame) -> pd.DataFra
     k = k[k["op_call"] >= 0]
     if k.empty:
         return pd.DataFrame(columns=["flop", "bytes", "math_path"])
-    calls = k.drop_duplicates("op_call")
+    calls = k.drop_duplicates("op_call")[["op_call", "op", "op_args"]]
     texts = calls[["op", "op_args"]].drop_duplicates()
-    costs = {(o, a): op_cost(o, a) for o, a in texts.itertuples(index=False)}  # once per distinct call text
-    calls = calls.assign(cost=[costs[(o, a)] for o, a in zip(calls["op"], calls["op_args"])]).dropna(subset=["cost"])
-    per_call = pd.DataFrame({"flop": [c.flop for c in calls["cost"]], "bytes": [c.bytes for c in calls["cost"]],
-                             "math_path": [c.math_path for c in calls["cost"]]}, index=calls["op_call"].to_numpy())
+    costs = [op_cost(o, a) for o, a in texts.itertuples(index=False)]  # once per distinct call text
+    texts = texts.assign(flop=[c.flop if c else np.nan for c in costs], bytes=[c.bytes if c else np.nan for c in costs],
+                         math_path=[c.math_path if c else None for c in costs])
+    per_call = calls.merge(texts, on=["op", "op_args"]).dropna(subset=["math_path"]).set_index("op_call")
     share = k["duration_ns"] / k.groupby("op_call")["duration_ns"].transform("sum").replace(0, np.nan)
     joined = per_call.reindex(k["op_call"].to_numpy())
     joined.index = k.index
@@ -88,7 +90,7 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
     overhead = ((dur < launch) & (blocks < max(peaks.sm_count, 1))) | (dur < launch / 2)
     by_roofline = np.where(out["intensity"].to_numpy() >= out["ridge"].to_numpy(), "compute", "bandwidth")
     by_family = np.where(out["family"].isin(CONTRACTION_FAMILIES), "compute", "bandwidth")
-    roofline_known = has_shapes & ~np.isnan(out["ridge"].to_numpy())
+    roofline_known = has_shapes & np.isfinite(out["ridge"].to_numpy()) & np.isfinite(out["intensity"].to_numpy())
     out["kernel_class"] = np.where(overhead, "overhead", np.where(roofline_known, by_roofline, by_family))
     out["evidence"] = np.where(roofline_known, "shapes", "heuristic")
     return out

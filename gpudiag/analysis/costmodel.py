@@ -3,9 +3,11 @@ recorded on the detail step (the ``gpudiag:op`` NVTX payload).
 
 - bytes: every tensor input read once plus every output written once (the minimum traffic,
   Williams et al. 2009, "Roofline", CACM 52(4)).
-- FLOPs: contractions use 2 FLOP per multiply-add: mm/addmm/linear 2·M·N·K, bmm/baddbmm 2·B·M·N·K,
-  convolution 2·N·Cout·Hout·Wout·(Cin/groups)·kh·kw (backward: twice the forward, for the input and
-  weight gradients), scaled-dot-product attention 4·B·H·L·S·D (backward 2.5x). Any other op is
+- FLOPs: contractions use 2 FLOP per multiply-add: mm/addmm 2·M·N·K, bmm/baddbmm 2·B·M·N·K
+  (``linear`` and ``matmul`` reach the dispatcher as these), convolution
+  2·N·Cout·Hout·Wout·(Cin/groups)·kh·kw (backward: twice the forward, for the input and weight
+  gradients; transposed convolutions are not modelled), scaled-dot-product attention 4·B·H·L·S·D
+  (backward 2.5x the forward: Dao et al. 2022, "FlashAttention", section 3.1 and appendix B). Any other op is
   counted as one FLOP per element of its largest operand (the
   output of an element-wise op, the input of a reduction).
 - math path: contractions in bf16/fp16 run on tensor cores; fp32 matmuls on the fp32 SIMT path
@@ -36,6 +38,8 @@ CONTRACTION_OPS = MATMUL_OPS | CONV_OPS
 
 @dataclass(frozen=True)
 class OpCost:
+    """FLOPs (``flop``) and minimum DRAM traffic (``bytes``) of one op call, and its math path."""
+
     flop: float
     bytes: float
     math_path: str  # bf16, fp16, tf32, fp32, fp64, fp8, int8
@@ -104,15 +108,18 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
         flop = _conv_flop(op, shapes, [s for _, s in outs])
         if dtype == "float32":
             path = "tf32"
-    elif op.startswith(SDPA_PREFIX) and len(shapes) >= 2 and len(shapes[0]) == 4:
-        b, h, l, d = shapes[0]
-        s = shapes[1][2]
-        flop = 4.0 * b * h * l * s * d * (2.5 if "backward" in op else 1.0)
+    elif op.startswith(SDPA_PREFIX):
+        # forward inputs: query, key, value; backward: grad_out, query, key, value
+        q_at = 1 if "backward" in op else 0
+        if len(shapes) > q_at + 1 and len(shapes[q_at]) == 4 and len(shapes[q_at + 1]) == 4:
+            b, h, l, d = shapes[q_at]
+            s = shapes[q_at + 1][2]
+            flop = 4.0 * b * h * l * s * d * (2.5 if "backward" in op else 1.0)
     contraction = flop is not None
     if not contraction:
         # one FLOP per element of the largest operand: outputs for element-wise ops, inputs for reductions
         flop = float(max(_numel(s) for _, s in ins + outs))
-        path = "fp32" if path in ("bf16", "fp16", "fp8", "tf32") else path
+        path = "fp64" if path == "fp64" else "fp32"  # not a contraction: no tensor cores
     return OpCost(flop=flop, bytes=nbytes, math_path=path)
 
 

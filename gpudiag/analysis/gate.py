@@ -29,11 +29,12 @@ BASELINE_FORMAT = 1
 
 # (metric-name glob, relative threshold); first match wins, user entries come before these.
 DEFAULT_THRESHOLDS: tuple[tuple[str, float], ...] = (
-    ("step_time", 0.05), ("gpu_busy", 0.05), ("kernel_launches", 0.05), ("overhead_percent", 0.10),
+    ("step_time", 0.05), ("gpu_busy", 0.05), ("kernel_launches", 0.05), ("peak_memory", 0.05), ("overhead_percent", 0.10),
     ("family:*", 0.10), ("module:*", 0.10), ("*", 0.10),
 )
-# Absolute noise floors by unit: ns per step, launches per step, percentage points.
-DEFAULT_NOISE_FLOORS = {"ns": 20_000.0, "count": 2.0, "percent": 1.0}
+# Absolute noise floors by unit: ns per step, launches per step, percentage points, bytes (one
+# 2 MiB allocator block: PyTorch's caching allocator rounds large allocations to 2 MiB segments).
+DEFAULT_NOISE_FLOORS = {"ns": 20_000.0, "count": 2.0, "percent": 1.0, "bytes": float(2 << 20)}
 
 
 class GateError(ValueError):
@@ -49,7 +50,7 @@ class Metric:
     """One gated metric: per-step ``samples`` in ``unit``; ``direction`` says which way is better."""
 
     name: str
-    unit: str  # ns, count or percent
+    unit: str  # ns, count, percent or bytes
     samples: list[float]
     direction: str = "lower"  # every gated metric is lower-is-better today
 
@@ -99,7 +100,8 @@ def config_from_table(table: dict, origin: str) -> GateConfig:
 
 def metrics_from_report(report: dict) -> dict[str, Metric]:
     """Gated metrics from a ``report.json`` dict: step_time, gpu_busy, overhead_percent,
-    kernel_launches, ``family:<name>`` and ``module:<path>`` (GPU time per step).
+    kernel_launches, peak_memory (bytes, when the launcher recorded it), ``family:<name>`` and
+    ``module:<path>`` (GPU time per step).
     Raises :class:`GateError` (exit 3) for a report without per-step samples."""
     steps = report.get("per_step_metrics")
     if not steps:
@@ -111,6 +113,9 @@ def metrics_from_report(report: dict) -> dict[str, Metric]:
         "overhead_percent": Metric("overhead_percent", "percent", [s["overhead_percent"] or 0.0 for s in steps]),
         "kernel_launches": Metric("kernel_launches", "count", [float(s["kernel_launches"]) for s in steps]),
     }
+    peaks = [s.get("peak_memory_bytes") for s in steps]
+    if all(p is not None for p in peaks):  # captured by gpudiag's launcher
+        metrics["peak_memory"] = Metric("peak_memory", "bytes", [float(p) for p in peaks])
     for key, prefix in (("families_ns", "family:"), ("modules_ns", "module:")):
         names = sorted({n for s in steps for n in s.get(key, {})})
         for n in names:

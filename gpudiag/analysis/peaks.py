@@ -16,8 +16,14 @@ T = 1e12
 
 # name regex, bandwidth bytes/s, {math path: FLOP/s}, source
 DATASHEET: tuple[tuple[str, float, dict, str], ...] = (
+    (r"H200 NVL", 4.8e12, {"fp64": 30 * T, "fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T,
+                           "fp8": 1671 * T, "int8": 1671 * T}, "NVIDIA H200 Tensor Core GPU datasheet (NVL)"),
+    (r"GH200", 4.0e12, {"fp64": 34 * T, "fp32": 67 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T,
+                        "fp8": 1978.9 * T, "int8": 1978.9 * T}, "NVIDIA GH200 Grace Hopper Superchip datasheet (96 GB HBM3)"),
     (r"H200", 4.8e12, {"fp64": 34 * T, "fp32": 67 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T,
                        "fp8": 1978.9 * T, "int8": 1978.9 * T}, "NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
+    (r"H100 NVL", 3.9e12, {"fp64": 30 * T, "fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T,
+                           "fp8": 1671 * T, "int8": 1671 * T}, "NVIDIA H100 Tensor Core GPU datasheet (NVL)"),
     (r"H100.*PCIe", 2.0e12, {"fp64": 26 * T, "fp32": 51 * T, "tf32": 378 * T, "bf16": 756 * T, "fp16": 756 * T,
                              "fp8": 1513 * T, "int8": 1513 * T}, "NVIDIA H100 Tensor Core GPU datasheet (PCIe)"),
     (r"H100", 3.35e12, {"fp64": 34 * T, "fp32": 67 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T,
@@ -37,7 +43,7 @@ DATASHEET: tuple[tuple[str, float, dict, str], ...] = (
     (r"V100", 0.9e12, {"fp64": 7.8 * T, "fp32": 15.7 * T, "fp16": 125 * T}, "NVIDIA V100 datasheet (SXM2)"),
 )
 
-# Host cost of one eager PyTorch op launch, measured on a lent H200 (shared/fixtures/
+# Host cost of one eager PyTorch op launch, measured on a lent H200 (docs/notes/
 # h200_measured_peaks.json, eager_small_op_us = 5.88). A kernel shorter than this cannot be kept
 # fed by eager launches; docs/notes/measurements.md.
 LAUNCH_OVERHEAD_NS = 5_900

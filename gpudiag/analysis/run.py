@@ -17,7 +17,8 @@ import sqlite_utils
 
 from gpudiag import __version__, nvtx_names, store
 from gpudiag.analysis import peaks as peaks_mod
-from gpudiag.analysis.attribution import Steps, attribute, find_steps
+from gpudiag.analysis.attribution import Steps, attribute, find_steps, window_index
+from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.classify import classify
 from gpudiag.analysis.families import kernel_label
 from gpudiag.analysis.timeline import (gpu_activities, idle_intervals, launch_stats, step_table,
@@ -98,9 +99,10 @@ def _module_table(incl: pd.DataFrame, self_ns: pd.Series, module_classes: dict[s
 
 
 def _per_step_metrics(km: pd.DataFrame, measured: pd.DataFrame, per_step: list[dict], incl: pd.DataFrame,
-                      modules: list[dict]) -> list[dict]:
+                      modules: list[dict], peak_memory: dict) -> list[dict]:
     """Per measured step, the samples the CI gate tests: step time, GPU busy time, overhead share,
-    kernel launches, GPU time per kernel family and per module of the module table (all ns)."""
+    kernel launches, GPU time per kernel family and per module of the module table (all ns), and
+    the peak bytes allocated by PyTorch when the launcher recorded it (``peak_memory``: step -> bytes)."""
     families = km.groupby(["step", "family"])["duration_ns"].sum().unstack(fill_value=0)
     listed = [m["module"] for m in modules]
     mods = (incl[incl["module"].isin(listed)].groupby(["step", "module"])["duration_ns"].sum().unstack(fill_value=0)
@@ -115,6 +117,7 @@ def _per_step_metrics(km: pd.DataFrame, measured: pd.DataFrame, per_step: list[d
             "kernel_launches": int(row.kernels),
             "families_ns": {f: float(v) for f, v in families.loc[row.step].items()} if row.step in families.index else {},
             "modules_ns": {m: float(v) for m, v in mods.loc[row.step].items()} if row.step in mods.index else {},
+            "peak_memory_bytes": peak_memory.get(str(int(row.step))),
         })
     return rows
 
@@ -124,7 +127,9 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     """Analyse the run database ``db``; returns report.json's content (see module docstring).
 
     Writes ``kernel_attribution``, ``kernel_class`` and ``steps`` tables back into ``db``.
-    Raises ValueError for an invalid ``steps_from`` regular expression."""
+    Raises :class:`AnalysisError` when the export has no kernels or ``steps_from`` is an invalid
+    regular expression. An export of several processes is reported for the one with the most
+    kernel time (with a warning)."""
     meta = store.read_meta(db)
     kernels = store.read_table(db, "kernels")
     runtime_api = store.read_table(db, "runtime_api")
@@ -133,25 +138,50 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     memcpy, memset = store.read_table(db, "memcpy"), store.read_table(db, "memset")
     warnings: list[str] = []
     if kernels.empty:
-        raise ValueError("the export holds no CUDA kernels: was the script run with --trace=cuda on a GPU?")
+        raise AnalysisError("the export holds no CUDA kernels: was the script run on a GPU with CUDA tracing on (nsys --trace=cuda)?")
     if nvtx.empty:
         nvtx = pd.DataFrame(columns=["start_ns", "end_ns", "text", "global_tid", "global_pid", "event_type", "domain_id"])
+    if runtime_api.empty:
+        warnings.append("no CUDA API calls in the export: steps, modules and host-bound idle time cannot be attributed")
 
-    steps: Steps = find_steps(nvtx, kernels, steps_from)
+    # One process per report: step numbers, stream ids and correlation ids are per process.
+    kernel_ns_by_pid = kernels.groupby("global_pid")["duration_ns"].sum()
+    if len(kernel_ns_by_pid) > 1:
+        pid = kernel_ns_by_pid.idxmax()
+        warnings.append(f"{len(kernel_ns_by_pid)} processes launched kernels; this report covers the one with the most "
+                        f"kernel time (pid {int(pid) >> 24}, {100 * kernel_ns_by_pid[pid] / kernel_ns_by_pid.sum():.0f} %)")
+        kernels = kernels[kernels["global_pid"] == pid].reset_index(drop=True)
+        runtime_api, nvtx, memcpy, memset = (df[df["global_pid"] == pid].reset_index(drop=True) if not df.empty else df
+                                             for df in (runtime_api, nvtx, memcpy, memset))
+    # The GPU that ran most of the kernels sets the peaks (TARGET_INFO_GPU lists every GPU present).
+    main_device = kernels.groupby("device_id")["duration_ns"].sum().idxmax()
+    if kernels["device_id"].nunique() > 1:
+        warnings.append(f"kernels ran on {kernels['device_id'].nunique()} GPUs; peaks are those of device {main_device}")
+    dev_rows = devices[devices["device_id"] == main_device] if not devices.empty else devices
+    dev = dev_rows.iloc[0] if not dev_rows.empty else (devices.iloc[0] if not devices.empty else pd.Series(dtype=object))
+
+    steps: Steps = find_steps(nvtx, kernels, steps_from, runtime_api)
     if steps.kind == "whole":
         warmup_steps = 0
         warnings.append("no step ranges found: the whole capture is treated as one step")
     attribution = attribute(kernels, runtime_api, nvtx, steps)
-    dev = devices.iloc[0] if not devices.empty else pd.Series(dtype=object)
     device_peaks = peaks_mod.lookup(str(dev.get("name", "")), int(dev.get("sm_count", 0) or 0),
                                     dev.get("memory_bandwidth_bytes_per_s"))
     classes = classify(kernels, attribution, device_peaks)
     detail_step = (status or {}).get("detail_step")
     if detail_step is None and (attribution["op_call"] >= 0).any():
         detail_step = int(attribution.loc[attribution["op_call"] >= 0, "step"].mode().iloc[0])
-    activities = gpu_activities(kernels, memcpy, memset)
-    st = step_table(steps.table, kernels, attribution, activities, warmup_steps, detail_step)
-    idle = idle_intervals(activities, attribution, kernels)
+    activities = gpu_activities(kernels, memcpy, memset, runtime_api)
+    when = activities["api_start_ns"].to_numpy(dtype=float)
+    if steps.kind == "whole":
+        when = np.where(np.isnan(when), activities["start_ns"].to_numpy(dtype=float), when)
+    widx = window_index(steps.table["start_ns"].to_numpy(), steps.table["end_ns"].to_numpy(), when)
+    activities["step"] = np.where(widx >= 0, steps.table["step"].to_numpy()[np.maximum(widx, 0)], -1)
+    st = step_table(steps.table, activities, warmup_steps, detail_step)
+    if len(st) and not st["warmup"].any() and warmup_steps > 0:
+        warnings.append(f"only {len(st)} step(s), not more than the {warmup_steps} warm-up steps: "
+                        "the statistics include them (capture more steps, or lower --warmup-steps)")
+    idle = idle_intervals(activities)
     gaps = stream_gaps(kernels, attribution)
     launches = launch_stats(kernels, attribution)
 
@@ -177,7 +207,12 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         idle["step"] = np.where(ok, win["step"].to_numpy()[np.maximum(pos, 0)], -1)
     idle_m = idle[idle["step"].isin(measured_ids)]
     host_idle = idle_m[idle_m["host_bound"]].groupby("step")["duration_ns"].sum()
-    class_ns = km.groupby(["step", "kernel_class"])["duration_ns"].sum().unstack(fill_value=0)
+    # Copies and memsets are memory traffic: they count as bandwidth time.
+    copies = activities[(activities["kind"] != "kernel") & activities["step"].isin(measured_ids)]
+    busy_parts = pd.concat([km[["step", "kernel_class", "duration_ns"]],
+                            pd.DataFrame({"step": copies["step"], "kernel_class": "bandwidth",
+                                          "duration_ns": copies["end_ns"] - copies["start_ns"]})])
+    class_ns = busy_parts.groupby(["step", "kernel_class"])["duration_ns"].sum().unstack(fill_value=0)
     class_ns = class_ns.reindex(columns=list(CLASSES), fill_value=0)
 
     per_step = []
@@ -187,7 +222,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
                  "detail": bool(row.detail), "measured": bool(row.measured)}
         if row.step in class_ns.index:
             kernel_total = float(class_ns.loc[row.step].sum())
-            scale = row.busy_ns / kernel_total if kernel_total else 0.0  # concurrent streams count once
+            scale = row.busy_ns / kernel_total if kernel_total else 0.0  # concurrent work counts once
             host = float(host_idle.get(row.step, 0))
             entry.update({f"{c}_ns": float(class_ns.loc[row.step, c]) * scale for c in CLASSES})
             entry["overhead_ns"] += host
@@ -216,7 +251,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
             "family": info["family"],
             "kernel_class": info["kernel_class"], "evidence": info["evidence"],
             "instances_per_step": row.instances / n, "time_ns_per_step": row.total_ns / n,
-            "avg_ns": row.avg_ns, "med_ns": row.med_ns, "share_of_gpu_time_percent": row.time_percent,
+            "avg_ns": row.avg_ns, "med_ns": row.med_ns, "share_of_kernel_time_percent": row.time_percent,
             "intensity_flop_per_byte": _num(info["intensity"]), "ridge_flop_per_byte": _num(info["ridge"]),
             "efficiency": _num(info["efficiency"]),
         })
@@ -269,7 +304,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "device": {"name": device_peaks.name, "sm_count": device_peaks.sm_count,
                    "memory_bandwidth_bytes_per_s": device_peaks.bandwidth, "peak_flop_per_s": device_peaks.flops,
                    "peaks_source": device_peaks.source, "launch_overhead_ns": device_peaks.launch_overhead_ns},
-        "steps": {"source": steps.source, "kind": steps.kind, "count": int(len(st)), "warmup_steps": int(min(warmup_steps, len(st))),
+        "steps": {"source": steps.source, "kind": steps.kind, "count": int(len(st)), "warmup_steps": int(st["warmup"].sum()),
                   "detail_step": detail_step, "measured": n,
                   "step_time_ns": _stats(measured["step_time_ns"].astype(float)),
                   "per_step": per_step},
@@ -283,7 +318,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "top_kernels": top_kernels,
         "families_ns_per_step": {f: float(v) / n for f, v in km.groupby("family")["duration_ns"].sum().items()} if n else {},
         "modules": modules,
-        "per_step_metrics": _per_step_metrics(km, measured, per_step, incl, modules) if n else [],
+        "per_step_metrics": _per_step_metrics(km, measured, per_step, incl, modules,
+                                              (status or {}).get("peak_memory_bytes_per_step") or {}) if n else [],
         "idle": {
             "host_bound_idle_ns_per_step": _per_step(idle_m.loc[idle_m["host_bound"], "duration_ns"], n),
             "other_idle_ns_per_step": _per_step(idle_m.loc[~idle_m["host_bound"], "duration_ns"], n),

@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gpudiag.analysis.attribution import launch_calls
+
 
 def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Union of intervals [start, end) as sorted disjoint (starts, ends) arrays (ns)."""
@@ -52,30 +54,38 @@ def covered_ns(m_s: np.ndarray, m_e: np.ndarray, w_s: np.ndarray, w_e: np.ndarra
     return covered_before(w_e) - covered_before(w_s)
 
 
-def gpu_activities(kernels: pd.DataFrame, memcpy: pd.DataFrame, memset: pd.DataFrame) -> pd.DataFrame:
-    """All GPU work as one table: start_ns, end_ns, kind (kernel/memcpy/memset), stream_id,
-    global_pid, correlation_id, kernel_id (NaN for copies)."""
+def gpu_activities(kernels: pd.DataFrame, memcpy: pd.DataFrame, memset: pd.DataFrame,
+                   runtime_api: pd.DataFrame) -> pd.DataFrame:
+    """All GPU work as one table sorted by start: start_ns, end_ns, kind (kernel/memcpy/memset),
+    stream_id, global_pid, correlation_id, kernel_id (NaN for copies), and the launch call's
+    api_start_ns / api_end_ns (NaN where the export has none)."""
     cols = ["start_ns", "end_ns", "stream_id", "global_pid", "correlation_id"]
     parts = [kernels[cols + ["kernel_id"]].assign(kind="kernel")]
     for name, df in (("memcpy", memcpy), ("memset", memset)):
         if not df.empty:
             parts.append(df[cols].assign(kind=name, kernel_id=np.nan))
-    return pd.concat(parts, ignore_index=True).sort_values("start_ns", kind="stable", ignore_index=True)
+    act = pd.concat(parts, ignore_index=True)
+    calls = launch_calls(act, runtime_api)
+    act["api_start_ns"], act["api_end_ns"] = calls["api_start_ns"].to_numpy(), calls["api_end_ns"].to_numpy()
+    return act.sort_values("start_ns", kind="stable", ignore_index=True)
 
 
-def step_table(steps: pd.DataFrame, kernels: pd.DataFrame, attribution: pd.DataFrame,
-               activities: pd.DataFrame, warmup_steps: int, detail_step: int | None) -> pd.DataFrame:
+def step_table(steps: pd.DataFrame, activities: pd.DataFrame, warmup_steps: int, detail_step: int | None) -> pd.DataFrame:
     """One row per step with: step, cpu_start_ns, cpu_end_ns, gpu_start_ns, gpu_end_ns,
-    step_time_ns (GPU window), busy_ns, idle_ns, kernels, kernel_ns (sum of durations),
-    warmup (bool), detail (bool, the step recorded with op ranges), measured (in statistics).
-    Steps with no kernels are dropped."""
-    k = kernels[["start_ns", "end_ns", "duration_ns"]].assign(step=attribution["step"].to_numpy())
-    k = k[k["step"] >= 0]
-    g = k.groupby("step")
+    window_start_ns, step_time_ns (GPU window), busy_ns, idle_ns, kernels, kernel_ns (sum of kernel
+    durations), warmup (bool), detail (bool, the step recorded with op ranges), measured (in the
+    statistics). ``activities`` carries a ``step`` column (from the launch call). Steps with no GPU
+    work are dropped. Window ends never move backwards (a step that finishes before its
+    predecessor's last work on another stream gets a zero-length window, not a negative one)."""
+    a = activities[activities["step"] >= 0]
+    g = a.groupby("step")
+    k = a[a["kind"] == "kernel"].groupby("step")
     per = pd.DataFrame({"gpu_start_ns": g["start_ns"].min(), "gpu_end_ns": g["end_ns"].max(),
-                        "kernels": g.size(), "kernel_ns": g["duration_ns"].sum()})
+                        "kernels": k.size(), "kernel_ns": (k["end_ns"].sum() - k["start_ns"].sum())})
+    per[["kernels", "kernel_ns"]] = per[["kernels", "kernel_ns"]].fillna(0).astype(np.int64)
     t = steps.set_index("step").rename(columns={"start_ns": "cpu_start_ns", "end_ns": "cpu_end_ns"}).join(per, how="inner")
     t = t.sort_index()
+    t["gpu_end_ns"] = t["gpu_end_ns"].cummax()
     window_start = t["gpu_end_ns"].shift(1)
     window_start.iloc[:1] = t["gpu_start_ns"].iloc[:1]
     t["window_start_ns"] = window_start.astype(np.int64)
@@ -88,23 +98,21 @@ def step_table(steps: pd.DataFrame, kernels: pd.DataFrame, attribution: pd.DataF
     t["detail"] = t.index.to_numpy() == (detail_step if detail_step is not None else -10**9)
     t["measured"] = ~t["warmup"] & ~t["detail"]
     if not t["measured"].any():  # a capture of only warm-up steps: report them rather than nothing
+        t["warmup"] = False
         t["measured"] = ~t["detail"] if (~t["detail"]).any() else True
     return t.reset_index()
 
 
-def idle_intervals(activities: pd.DataFrame, attribution: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
+def idle_intervals(activities: pd.DataFrame) -> pd.DataFrame:
     """Intervals where the whole GPU was idle, between consecutive merged busy blocks:
     start_ns, end_ns, duration_ns, host_bound (bool), next_kernel_id (the kernel that ended the
-    idle time, if a kernel did)."""
-    act = activities.copy()
-    launch_end = pd.Series(attribution["api_end_ns"].to_numpy(), index=kernels["kernel_id"].to_numpy())
-    act["api_end_ns"] = act["kernel_id"].map(launch_end)
-    m_s, m_e = merge_intervals(act["start_ns"].to_numpy(), act["end_ns"].to_numpy())
+    idle time; NaN when a copy or memset did)."""
+    m_s, m_e = merge_intervals(activities["start_ns"].to_numpy(), activities["end_ns"].to_numpy())
     if len(m_s) < 2:
         return pd.DataFrame(columns=["start_ns", "end_ns", "duration_ns", "host_bound", "next_kernel_id"])
     gaps = pd.DataFrame({"start_ns": m_e[:-1], "end_ns": m_s[1:]})
     # The activity that ends a gap is the first to start at the next block's start.
-    first = act.drop_duplicates("start_ns").set_index("start_ns")
+    first = activities.drop_duplicates("start_ns").set_index("start_ns")
     nxt = first.reindex(gaps["end_ns"].to_numpy())
     gaps["duration_ns"] = gaps["end_ns"] - gaps["start_ns"]
     gaps["host_bound"] = (nxt["api_end_ns"].to_numpy() > gaps["start_ns"].to_numpy())
@@ -113,11 +121,13 @@ def idle_intervals(activities: pd.DataFrame, attribution: pd.DataFrame, kernels:
 
 
 def stream_gaps(kernels: pd.DataFrame, attribution: pd.DataFrame) -> pd.DataFrame:
-    """Gaps between consecutive kernels on each stream: kernel_id (the later kernel), stream_id,
-    gap_ns (> 0 only), host_bound (its launch call ended after the previous kernel finished)."""
-    k = kernels[["kernel_id", "stream_id", "start_ns", "end_ns"]].assign(api_end_ns=attribution["api_end_ns"].to_numpy())
-    k = k.sort_values(["stream_id", "start_ns"], kind="stable")
-    prev_end = k.groupby("stream_id")["end_ns"].shift(1)
+    """Gaps between consecutive kernels on each stream (of each device): kernel_id (the later
+    kernel), stream_id, gap_ns (> 0 only), host_bound (its launch call ended after the previous
+    kernel finished)."""
+    k = kernels[["kernel_id", "device_id", "stream_id", "start_ns", "end_ns"]].assign(
+        api_end_ns=attribution["api_end_ns"].to_numpy())
+    k = k.sort_values(["device_id", "stream_id", "start_ns"], kind="stable")
+    prev_end = k.groupby(["device_id", "stream_id"])["end_ns"].shift(1)
     k["gap_ns"] = k["start_ns"] - prev_end
     k["host_bound"] = k["api_end_ns"] > prev_end
     return k[k["gap_ns"] > 0][["kernel_id", "stream_id", "gap_ns", "host_bound"]].reset_index(drop=True)

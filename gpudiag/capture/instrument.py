@@ -107,6 +107,7 @@ class _State:
     op_mode: object = None
     module_names: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary)
     steps_completed: int = 0
+    peak_memory_bytes: dict = field(default_factory=dict)  # step -> torch.cuda.max_memory_allocated()
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -198,8 +199,18 @@ def _open_step(state: _State) -> None:
     _start_op_ranges_if_detail(state)
 
 
+def _record_peak_memory(state: _State) -> None:
+    """Peak bytes allocated by PyTorch's CUDA allocator during the step now ending; resets the peak."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state.peak_memory_bytes[state.step_index] = int(torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+
+
 def _close_step(state: _State) -> None:
     _stop_op_ranges(state)
+    _record_peak_memory(state)
     if state.step_range is not None:
         state.nvtx.end(state.step_range)
         state.step_range = None
@@ -393,4 +404,5 @@ def finish() -> dict:
         "steps_completed": state.steps_completed,
         "detail_step": state.config.effective_detail_step if state.config.op_ranges else None,
         "warmup_steps": state.config.warmup_steps,
+        "peak_memory_bytes_per_step": {str(k): v for k, v in state.peak_memory_bytes.items()},
     }

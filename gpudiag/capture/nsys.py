@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,11 @@ class ToolNotFound(RuntimeError):
     """An external tool (nsys) could not be located; the message says how to fix it."""
 
 
+def _version_key(path: str) -> list:
+    """Sort key comparing the numbers in a path numerically (2024.10 after 2024.6)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
+
+
 def locate_nsys(explicit: str | None = None) -> Path:
     """Path of the nsys executable. Raises :class:`ToolNotFound` with an install hint."""
     for candidate, origin in ((explicit, "--nsys"), (os.environ.get("GPUDIAG_NSYS"), "$GPUDIAG_NSYS")):
@@ -42,7 +48,7 @@ def locate_nsys(explicit: str | None = None) -> Path:
     if found:
         return Path(found)
     for pattern in KNOWN_GLOBS:
-        hits = sorted(glob.glob(pattern))
+        hits = sorted(glob.glob(pattern), key=_version_key)
         if hits:
             return Path(hits[-1])  # newest version sorts last
     raise ToolNotFound(f"nsys (Nsight Systems) not found; {INSTALL_HINT}")

@@ -11,7 +11,7 @@ import click
 @dataclass
 class AnalysisOptions:
     steps_from: str | None  # None: gpudiag's step ranges, else user ranges named step/iteration
-    warmup_steps: int
+    warmup_steps: int | None  # None: the run's own setting (its status file), else 2
 
 
 def analysis_options(func):
@@ -20,8 +20,8 @@ def analysis_options(func):
     @click.option("--steps-from", default=None, metavar="SOURCE",
                   help="Where steps come from: auto, optimizer, call (gpudiag.step()) or nvtx:REGEX "
                        "(the user's own NVTX ranges whose text matches REGEX).")
-    @click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True,
-                  help="Leading steps excluded from the statistics.")
+    @click.option("--warmup-steps", type=click.IntRange(min=0), default=None,
+                  help="Leading steps excluded from the statistics [default: the run's setting, else 2].")
     @functools.wraps(func)
     def wrapper(*args, steps_from, warmup_steps, **kwargs):
         return func(*args, options=AnalysisOptions(steps_from=steps_from, warmup_steps=warmup_steps), **kwargs)

@@ -23,6 +23,8 @@ def default_run_dir(script: Path) -> Path:
 
 def prepare_run_dir(run_dir: Path, force: bool) -> None:
     """Create ``run_dir``; refuse a non-empty one unless ``force`` (then it is emptied)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir}: exists and is not a directory; pass -o DIR with a directory path")
     if run_dir.exists() and any(run_dir.iterdir()):
         if not force:
             raise UserError(f"{run_dir} already exists and is not empty: choose another -o DIR, or pass --force to replace it")
@@ -56,7 +58,8 @@ def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, fo
     """
     if not script.is_file():
         raise UserError(f"{script}: no such script; pass the path of the Python file to profile")
-    config = CaptureConfig(steps_from=options.steps_from or "auto", warmup_steps=options.warmup_steps,
+    warmup = 2 if options.warmup_steps is None else options.warmup_steps
+    config = CaptureConfig(steps_from=options.steps_from or "auto", warmup_steps=warmup,
                            detail_step=detail_step, module_ranges=not no_module_ranges,
                            op_ranges=not no_op_ranges)
     try:
@@ -82,5 +85,5 @@ def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, fo
         from gpudiag.cli.report import analyse_and_report
 
         click.echo("[3/3] analysing")
-        analyse_and_report(result.sqlite, run_dir, options, status=result.status)
+        analyse_and_report(result.sqlite, run_dir, AnalysisOptions(options.steps_from, warmup), status=result.status)
     raise SystemExit(code)

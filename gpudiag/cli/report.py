@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import lzma
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 import click
 
+from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.run import analyse, ingest
 from gpudiag.capture.run import SQLITE_NAME, STATUS_NAME
 from gpudiag.cli.errors import UserError
@@ -21,6 +23,19 @@ from gpudiag.store import RUN_DB_NAME
 REPORT_FILES = ("report.html", "report.json", RUN_DB_NAME)
 
 
+def read_status(path: Path) -> dict | None:
+    """The launcher's status file as a dict (None if absent). Raises UserError if it is damaged."""
+    if not path.exists():
+        return None
+    try:
+        status = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        status = None
+    if not isinstance(status, dict):
+        raise UserError(f"{path}: not a gpudiag status file (damaged JSON); delete it to report without the script's status")
+    return status
+
+
 def resolve_input(path: Path) -> tuple[Path, dict | None, Path]:
     """(export file, launcher status or None, default output directory) for a run directory or an
     export file. Raises UserError when ``path`` is neither."""
@@ -29,9 +44,7 @@ def resolve_input(path: Path) -> tuple[Path, dict | None, Path]:
         if not export.exists():
             raise UserError(f"{path}: no {SQLITE_NAME} in this directory; pass a gpudiag run directory or an nsys SQLite export "
                             f"(make one with: nsys export --type sqlite REPORT.nsys-rep)")
-        status_file = path / STATUS_NAME
-        status = json.loads(status_file.read_text()) if status_file.exists() else None
-        return export, status, path
+        return export, read_status(path / STATUS_NAME), path
     if path.is_file():
         stem = path.name.removesuffix(".xz").removesuffix(".sqlite")
         return path, None, Path("gpudiag-reports") / stem
@@ -42,6 +55,8 @@ def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, st
                        as_json: bool = False) -> dict:
     """Ingest ``export`` (``.sqlite`` or ``.sqlite.xz``) into ``out_dir``/run.sqlite, analyse it and
     write report.html and report.json there; prints the terminal summary (or the JSON)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir}: exists and is not a directory; pass -o DIR with a directory path")
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
         source = export
@@ -56,9 +71,10 @@ def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, st
             db = ingest(source, out_dir / RUN_DB_NAME, source_name=export.name)
         except ExportError as exc:
             raise UserError(str(exc)) from None
+    warmup = options.warmup_steps if options.warmup_steps is not None else (status or {}).get("warmup_steps", 2)
     try:
-        result = analyse(db, warmup_steps=options.warmup_steps, steps_from=options.steps_from, status=status)
-    except ValueError as exc:
+        result = analyse(db, warmup_steps=warmup, steps_from=options.steps_from, status=status)
+    except AnalysisError as exc:
         raise UserError(f"{export}: {exc}", exit_code=3) from None
     json_report.write(result, out_dir / "report.json")
     html.write(result, out_dir / "report.html")
@@ -98,4 +114,9 @@ def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, optio
         raise UserError(f"{out_dir / existing[0]} already exists: pass --force to overwrite it, or -o DIR to write elsewhere")
     if options.steps_from and not options.steps_from.startswith("nvtx:") and options.steps_from not in ("auto", "optimizer", "call"):
         raise UserError(f"--steps-from {options.steps_from!r}: use nvtx:REGEX (or auto) when reporting")
+    if options.steps_from and options.steps_from.startswith("nvtx:"):
+        try:
+            re.compile(options.steps_from[5:])
+        except re.error as exc:
+            raise UserError(f"--steps-from {options.steps_from!r}: invalid regular expression ({exc})") from None
     analyse_and_report(export, out_dir, options, status=status, as_json=as_json)

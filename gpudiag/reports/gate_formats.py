@@ -17,7 +17,7 @@ from gpudiag.analysis.gate import Comparison
 from gpudiag.reports.units import fmt_ns
 
 VERDICT_STYLE = {"regression": "bold red", "warning": "yellow", "improvement": "green", "ok": "", "new": "dim", "gone": "dim"}
-HEADLINE = ("step_time", "gpu_busy", "overhead_percent", "kernel_launches")
+HEADLINE = ("step_time", "gpu_busy", "overhead_percent", "kernel_launches", "peak_memory")
 
 
 def result_dict(comparisons: list[Comparison], verdict: str, exit_code: int, baseline: str, current: str,
@@ -36,6 +36,8 @@ def _value(value, unit: str) -> str:
         return fmt_ns(value)
     if unit == "percent":
         return f"{value:.1f} %"
+    if unit == "bytes":
+        return f"{value / 2**20:.1f} MiB"
     return f"{value:.0f}"
 
 

@@ -13,8 +13,8 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
     """Print device, step time, GPU busy %, the breakdown and the top kernels."""
     console = console or Console()
     steps = result["steps"]
-    console.print(f"[bold]{result['device']['name']}[/bold] · {steps['measured']} measured steps "
-                  f"({steps['source']})", highlight=False)
+    console.print(Text(result["device"]["name"], style="bold") + Text(f" · {steps['measured']} measured steps ({steps['source']})"),
+                  highlight=False)  # Text, not markup: names and regexes hold "[" 
     for warning in result.get("warnings", []):
         console.print(Text("warning: ", style="yellow") + Text(warning), highlight=False)
     summary = Table(show_header=True, header_style="bold")
@@ -32,5 +32,5 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
     for k in result["top_kernels"][:top]:
         kernels.add_row(Text(k["label"]),  # Text: names hold "[" that markup would eat
                         fmt_ns(k["time_ns_per_step"]),
-                        fmt_pct(k["share_of_gpu_time_percent"]), k["kernel_class"], k["evidence"])
+                        fmt_pct(k["share_of_kernel_time_percent"]), k["kernel_class"], k["evidence"])
     console.print(kernels)

@@ -53,12 +53,18 @@ def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
 
 
+# nsys writes a table only when it has rows; these are expected in any CUDA capture, so their
+# absence is worth saying. Others (memcpy, memset, synchronization) are simply empty.
+CORE_TABLES = {"CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "TARGET_INFO_GPU", "StringIds"}
+
+
 def _select(conn, table: str, wanted: dict[str, str], tables: set[str], missing: list[str],
             where: str = "") -> pd.DataFrame:
     """SELECT the ``wanted`` source columns (source -> output name) that exist; absent columns come
-    back as NULL and are listed in ``missing`` as ``table.column``."""
+    back as NULL and are listed in ``missing`` as ``table.column`` (absent core tables as ``table``)."""
     if table not in tables:
-        missing.append(table)
+        if table in CORE_TABLES:
+            missing.append(table)
         return pd.DataFrame(columns=list(wanted.values()))
     have = _columns(conn, table)
     parts = []
@@ -94,7 +100,7 @@ def open_export(path: Path) -> sqlite3.Connection:
     if not path.is_file():
         raise ExportError(f"{path}: no such file; pass an nsys SQLite export (nsys export --type sqlite) or a gpudiag run directory")
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)  # as_uri escapes # and ?
         tables = _tables(conn)
     except sqlite3.DatabaseError:
         raise ExportError(f"{path}: not an SQLite file; export the report with: nsys export --type sqlite {path.with_suffix('.nsys-rep').name}") from None
@@ -179,10 +185,14 @@ def read_export(path: Path) -> NsysExport:
         sy["sync_type"] = sy.pop("sync_type_id").map(_enum(conn, tables, "ENUM_CUPTI_SYNC_TYPE"))
         sy["duration_ns"] = sy["end_ns"] - sy["start_ns"]
 
+        nvtx_cols = _columns(conn, "NVTX_EVENTS") if "NVTX_EVENTS" in tables else set()
+        ranges_only = (f"WHERE eventType IN ({NVTX_PUSHPOP}, {NVTX_STARTEND}) AND end IS NOT NULL"
+                       if {"eventType", "end"} <= nvtx_cols else "")
         nv = _select(conn, "NVTX_EVENTS", {
             "start": "start_ns", "end": "end_ns", "text": "text", "textId": "text_id",
             "globalTid": "global_tid", "eventType": "event_type", "domainId": "domain_id"}, tables, missing,
-            where=f"WHERE eventType IN ({NVTX_PUSHPOP}, {NVTX_STARTEND}) AND end IS NOT NULL")
+            where=ranges_only)
+        nv = nv.dropna(subset=["start_ns", "end_ns"])
         from_id = _resolve(nv.pop("text_id"), strings)
         nv["text"] = nv["text"].where(nv["text"].notna(), from_id)
         nv["global_pid"] = _pid_of(nv["global_tid"])
