@@ -17,6 +17,8 @@ from click.testing import CliRunner
 from gpudiag.analysis.gate import GateConfig, Metric, compare
 from gpudiag.cli.main import cli
 
+from conftest import FIXTURES
+
 
 def invoke(*args, **kwargs):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False, **kwargs)
@@ -42,18 +44,25 @@ def slow_family(export, out, name_fragment: str, factor: float) -> None:
                              zip((rows["start"] + shift).tolist(), (rows["end"] + shift).tolist(), rows["rid"].tolist()))
 
 
+def run_dir(root, name, export, status_of):
+    """A run directory as `gpudiag profile` leaves it (export + launcher status), then reported."""
+    folder = root / name
+    folder.mkdir()
+    shutil.copy(export, folder / "profile.sqlite")
+    shutil.copy(FIXTURES / "status" / f"{status_of}.json", folder / "script_status.json")
+    assert invoke("report", folder).exit_code == 0
+    return folder
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, export_path):
-    """Run directories (report.json) of the real captures, plus the synthetic regression."""
+    """Run directories of the real captures, plus the synthetic regression."""
     root = tmp_path_factory.mktemp("gate")
-    made = {}
-    for name in ("swin_t_train_bf16", "swin_t_train_bf16_repeat", "swin_t_train_fp32"):
-        made[name] = root / name
-        assert invoke("report", export_path(name), "-o", made[name]).exit_code == 0
+    made = {name: run_dir(root, name, export_path(name), name)
+            for name in ("swin_t_train_bf16", "swin_t_train_bf16_repeat", "swin_t_train_fp32")}
     slowed = root / "slowed.sqlite"
     slow_family(export_path("swin_t_train_bf16_repeat"), slowed, "layer_norm", 2.0)
-    made["slowed"] = root / "slowed"
-    assert invoke("report", slowed, "-o", made["slowed"]).exit_code == 0
+    made["slowed"] = run_dir(root, "slowed", slowed, "swin_t_train_bf16_repeat")
     return made
 
 
@@ -65,6 +74,8 @@ def test_two_runs_of_the_same_code_pass(runs):
     assert not [m for m in data["metrics"] if m["verdict"] == "regression"]
     step = next(m for m in data["metrics"] if m["name"] == "step_time")
     assert abs(step["change"]) < 0.05
+    memory = next(m for m in data["metrics"] if m["name"] == "peak_memory")  # recorded by the launcher
+    assert memory["baseline_median"] > 2e9 and memory["verdict"] == "ok"
 
 
 def test_slowed_kernel_family_fails(runs):
@@ -106,7 +117,7 @@ def test_baseline_save_and_gate_against_it(runs, tmp_path):
     assert saved.exit_code == 0 and baseline.exists()
     data = json.loads(baseline.read_text())
     assert data["gpudiag_baseline"] == 1 and len(data["metrics"]["step_time"]["samples"]) == 7
-    assert data["environment"]["gpu"] == "NVIDIA H200" and data["environment"]["driver_version"] == "580.159.04"
+    assert data["environment"] == {"gpu": "NVIDIA H200", "driver_version": "580.159.04", "torch_version": "2.11.0+cu130"}
     assert invoke("gate", baseline, runs["swin_t_train_bf16_repeat"]).exit_code == 0
     assert invoke("gate", baseline, runs["slowed"]).exit_code == 1
     again = invoke("baseline", "save", runs["swin_t_train_bf16"], "-o", baseline)
