@@ -113,7 +113,7 @@ def gate(baseline: Path, current: Path, fmt: str, config_file: Path | None, allo
 
 @click.group()
 def baseline() -> None:
-    """Baseline files for ``gpudiag gate``, meant to be committed."""
+    """Baseline files for gpudiag gate, meant to be committed."""
 
 
 @baseline.command("save")
