@@ -9,6 +9,7 @@ never reads nsys or ncu files directly. Tables (all timestamps ns, sizes bytes):
 - ``memcpy``, ``memset``, ``sync``  copies, sets and synchronizations
 - ``nvtx_ranges`` NVTX push/pop and start/end ranges with text resolved
 - ``devices``     GPUs of the capture
+- ``ncu_kernels``  kernels measured by Nsight Compute (see :func:`gpudiag.sources.ncu.read_ncu`), if given
 - ``kernel_attribution`` kernel_id -> step, phase, module, op (with shapes where recorded)
 
 Columns are documented in :func:`gpudiag.sources.nsys_sqlite.read_export` and

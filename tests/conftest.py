@@ -21,6 +21,12 @@ EXPORTS = {
     "swin_t_train_bf16_bare": FIXTURES / "swin_t_train_bf16_bare.sqlite.xz",
     "swin_t_train_bf16_crash": FIXTURES / "swin_t_train_bf16_crash.sqlite.xz",
     "tiny_gemm_gelu": FIXTURES / "tiny_gemm_gelu.sqlite.xz",
+    "gpt2_train_bf16": ROOT / "examples" / "gpt2_train_bf16.sqlite.xz",
+    "mlp_decode": FIXTURES / "mlp_decode.sqlite.xz",
+}
+NCU_REPORTS = {
+    "mlp_decode": FIXTURES / "mlp_decode.ncu-rep.xz",  # gpudiag profile --ncu, same run as the export
+    "swin_t_train_bf16": FIXTURES / "swin_t_train_bf16_step2.ncu-rep.xz",  # explored with capture_ncu.sh
 }
 
 
@@ -44,6 +50,23 @@ def export_path(tmp_path_factory):
 def status_of(name: str) -> dict | None:
     path = FIXTURES / "status" / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+@pytest.fixture(scope="session")
+def ncu_path(tmp_path_factory):
+    """Function name -> path of the decompressed Nsight Compute report (cached)."""
+    folder = tmp_path_factory.mktemp("ncu")
+    cache: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            target = folder / f"{name}.ncu-rep"
+            with lzma.open(NCU_REPORTS[name]) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            cache[name] = target
+        return cache[name]
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -67,7 +67,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     assert bad.exit_code == 2 and "not an SQLite file" in bad.output and "Traceback" not in bad.output
     bad_xz = tmp_path / "bad.sqlite.xz"
     bad_xz.write_bytes(b"nope")
-    assert "not a valid .xz file" in run("report", bad_xz, "-o", tmp_path / "o2").output
+    assert "not a readable .xz file" in run("report", bad_xz, "-o", tmp_path / "o2").output
     empty_dir = tmp_path / "empty"
     empty_dir.mkdir()
     assert "no profile.sqlite" in run("report", empty_dir).output

@@ -9,7 +9,10 @@ replace it. Rules, in order:
    than SMs (under one wave at one block per SM, a lower bound that ignores occupancy), or shorter
    than half a launch whatever its grid (our choice: then launching costs the host twice the
    kernel's own time, so eager mode cannot keep the GPU busy).
-2. with shapes (evidence ``shapes``): the FLOPs and bytes of the aten op that launched the kernel
+2. with Nsight Compute measurements of the same kernel name and launch configuration (evidence
+   ``ncu``): measured FLOPs (all precisions, tensor cores included) and DRAM bytes give the
+   arithmetic intensity, held against the ridge of the math path the kernel used.
+   With shapes (evidence ``shapes``): the FLOPs and bytes of the aten op that launched the kernel
    on the detail step (:mod:`gpudiag.analysis.costmodel`), shared among that op call's kernels in
    proportion to their durations, give the arithmetic intensity; at or above the ridge point of
    the op's math path it is compute-bound, below it bandwidth-bound. Other instances of the same
@@ -55,9 +58,24 @@ def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame) -> pd.DataFra
                          "math_path": joined["math_path"]}).dropna(subset=["math_path"])
 
 
-def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeaks) -> pd.DataFrame:
+def _ncu_costs(kernels: pd.DataFrame, ncu: pd.DataFrame) -> pd.DataFrame:
+    """flop, bytes and math_path per kernel instance from Nsight Compute measurements of kernels
+    with the same name and launch configuration (median over the measured instances)."""
+    from gpudiag.sources.ncu import math_path
+
+    measured = ncu.assign(math_path=ncu.apply(math_path, axis=1))
+    per_config = measured.groupby(CONFIG_COLUMNS).agg(flop=("flop", "median"), bytes=("dram_bytes", "median"),
+                                                      math_path=("math_path", "first")).reset_index()
+    keys = kernels[CONFIG_COLUMNS].astype({c: float for c in CONFIG_COLUMNS[1:]})
+    joined = keys.merge(per_config.astype({c: float for c in CONFIG_COLUMNS[1:]}), on=CONFIG_COLUMNS, how="left")
+    joined.index = kernels.index
+    return joined.dropna(subset=["math_path"])[["flop", "bytes", "math_path"]]
+
+
+def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeaks,
+             ncu: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per kernel (same order): kernel_id, family, config_key, kernel_class
-    (compute/bandwidth/overhead), evidence (shapes/heuristic), flop, bytes, math_path,
+    (compute/bandwidth/overhead), evidence (ncu/shapes/heuristic), flop, bytes, math_path,
     intensity (FLOP/byte), ridge (FLOP/byte), achieved_flop_per_s, achieved_bytes_per_s,
     efficiency (roofline floor / duration; NaN without shapes)."""
     out = pd.DataFrame({"kernel_id": kernels["kernel_id"].to_numpy(), "family": families(kernels["name"]).to_numpy(),
@@ -75,6 +93,14 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
     out.loc[missing, ["flop", "bytes"]] = inherit[["flop", "bytes"]].to_numpy()
     out.loc[missing, "math_path"] = inherit["math_path"].to_numpy()
 
+    evidence = np.where(out["math_path"].notna(), "shapes", "heuristic").astype(object)
+    if ncu is not None and not ncu.empty:
+        # Measured FLOPs and DRAM bytes win over estimates, for every instance of the same kernel
+        # name and launch configuration.
+        measured = _ncu_costs(kernels, ncu)
+        out.loc[measured.index, ["flop", "bytes"]] = measured[["flop", "bytes"]].to_numpy()
+        out.loc[measured.index, "math_path"] = measured["math_path"].to_numpy()
+        evidence[measured.index.to_numpy()] = "ncu"
     has_shapes = out["math_path"].notna().to_numpy()
     out["intensity"] = out["flop"] / out["bytes"].replace(0, np.nan)
     ridges = {p: peaks.ridge(p) for p in out["math_path"].dropna().unique()}
@@ -92,5 +118,5 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
     by_family = np.where(out["family"].isin(CONTRACTION_FAMILIES), "compute", "bandwidth")
     roofline_known = has_shapes & np.isfinite(out["ridge"].to_numpy()) & np.isfinite(out["intensity"].to_numpy())
     out["kernel_class"] = np.where(overhead, "overhead", np.where(roofline_known, by_roofline, by_family))
-    out["evidence"] = np.where(roofline_known, "shapes", "heuristic")
+    out["evidence"] = np.where(roofline_known, evidence, "heuristic")
     return out

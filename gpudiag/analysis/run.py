@@ -23,22 +23,30 @@ from gpudiag.analysis.classify import classify
 from gpudiag.analysis.families import kernel_label
 from gpudiag.analysis.timeline import (gpu_activities, idle_intervals, launch_stats, step_table,
                                        stream_gaps)
+from gpudiag.sources.ncu import read_ncu
 from gpudiag.sources.nsys_sqlite import kernel_summary, read_export
 
 REPORT_SCHEMA_VERSION = 1
 CLASSES = ("compute", "bandwidth", "overhead")
 
 
-def ingest(export_path: Path, db_path: Path, source_name: str | None = None) -> sqlite_utils.Database:
-    """Read the nsys SQLite export at ``export_path`` into a new run database at ``db_path``.
-    Raises :class:`gpudiag.sources.nsys_sqlite.ExportError` for a file that is not an export."""
+def ingest(export_path: Path, db_path: Path, source_name: str | None = None,
+           ncu_path: Path | None = None) -> sqlite_utils.Database:
+    """Read the nsys SQLite export at ``export_path`` (and, if given, the Nsight Compute report at
+    ``ncu_path``, into table ``ncu_kernels``) into a new run database at ``db_path``.
+    Raises :class:`gpudiag.sources.nsys_sqlite.ExportError` for a file that is not an export and
+    :class:`gpudiag.sources.ncu.NcuError` for an unreadable ncu report."""
     export = read_export(export_path)
+    ncu = read_ncu(ncu_path) if ncu_path else None
     kernels = export.kernels.copy()
     kernels.insert(0, "kernel_id", np.arange(len(kernels), dtype=np.int64))
     tables = {"kernels": kernels, "runtime_api": export.runtime_api, "memcpy": export.memcpy,
               "memset": export.memset, "sync": export.sync, "nvtx_ranges": export.nvtx_ranges,
               "devices": export.devices}
+    if ncu is not None:
+        tables["ncu_kernels"] = ncu
     return store.create_run_db(db_path, tables, {"source": source_name or export_path.name,
+                                                 "ncu_source": ncu_path.name if ncu_path else None,
                                                  "missing": export.missing, "environment": export.environment})
 
 
@@ -96,6 +104,50 @@ def _module_table(incl: pd.DataFrame, self_ns: pd.Series, module_classes: dict[s
 
     visit(None, 0)
     return table[:max_rows]
+
+
+# Operator classes of Ivanov et al. 2020, "Data Movement Is All You Need" (MLSys 2021): tensor
+# contractions, statistical normalizations, element-wise operators; the rest is "other".
+OPERATOR_CLASS = {"gemm": "tensor contraction", "conv": "tensor contraction", "attention": "tensor contraction",
+                  "norm": "normalization", "softmax": "normalization", "elementwise": "element-wise",
+                  "copy": "element-wise"}
+
+
+def _operator_classes(km: pd.DataFrame) -> list[dict]:
+    """FLOP share and time share per operator class over the measured steps. FLOPs are those of
+    the classification (ncu-measured or shape-estimated); kernels without any count 0 FLOP and
+    their time share is given as ``time_without_flop_percent``."""
+    k = km.assign(op_class=km["family"].map(OPERATOR_CLASS).fillna("other"))
+    flop, time = k.groupby("op_class")["flop"].sum(min_count=1), k.groupby("op_class")["duration_ns"].sum()
+    unknown = k[k["flop"].isna()].groupby("op_class")["duration_ns"].sum()
+    total_flop, total_time = float(flop.sum()), float(time.sum())
+    order = ["tensor contraction", "normalization", "element-wise", "other"]
+    return [{"operator_class": c, "flop_share_percent": 100.0 * float(flop.get(c, 0) or 0) / total_flop if total_flop else None,
+             "time_share_percent": 100.0 * float(time.get(c, 0)) / total_time if total_time else None,
+             "time_without_flop_percent": 100.0 * float(unknown.get(c, 0)) / total_time if total_time else None}
+            for c in order if c in time.index]
+
+
+def _roofline_points(km: pd.DataFrame, n_steps: int, limit: int = 200) -> list[dict]:
+    """One point per kernel name and launch configuration with a known arithmetic intensity:
+    median intensity (FLOP/byte), achieved FLOP/s and bytes/s, time per step (ns), class,
+    evidence, ridge (FLOP/byte) and efficiency (roofline floor / duration); largest first."""
+    k = km[np.isfinite(km["intensity"].astype(float)) & (km["intensity"].astype(float) > 0)]
+    if k.empty:
+        return []
+    g = k.groupby("config_key")
+    pts = pd.DataFrame({
+        "name": g["name"].first(), "short_name": g["short_name"].first(), "kernel_class": g["kernel_class"].first(),
+        "evidence": g["evidence"].first(), "math_path": g["math_path"].first(),
+        "intensity_flop_per_byte": g["intensity"].median(), "ridge_flop_per_byte": g["ridge"].median(),
+        "achieved_flop_per_s": g["achieved_flop_per_s"].median(), "achieved_bytes_per_s": g["achieved_bytes_per_s"].median(),
+        "efficiency": g["efficiency"].median(), "time_ns_per_step": g["duration_ns"].sum() / n_steps,
+        "instances_per_step": g.size() / n_steps})
+    pts = pts.sort_values("time_ns_per_step", ascending=False).head(limit)
+    pts["label"] = [kernel_label(n, s) for n, s in zip(pts["name"], pts["short_name"])]
+    pts["lost_ns_per_step"] = pts["time_ns_per_step"] * (1 - pts["efficiency"].clip(upper=1))
+    return [{k2: (None if isinstance(v, float) and not np.isfinite(v) else v) for k2, v in row.items()}
+            for row in pts.drop(columns=["short_name"]).to_dict("records")]
 
 
 def _per_step_metrics(km: pd.DataFrame, measured: pd.DataFrame, per_step: list[dict], incl: pd.DataFrame,
@@ -167,7 +219,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     attribution = attribute(kernels, runtime_api, nvtx, steps)
     device_peaks = peaks_mod.lookup(str(dev.get("name", "")), int(dev.get("sm_count", 0) or 0),
                                     dev.get("memory_bandwidth_bytes_per_s"))
-    classes = classify(kernels, attribution, device_peaks)
+    ncu = store.read_table(db, "ncu_kernels")
+    classes = classify(kernels, attribution, device_peaks, ncu if not ncu.empty else None)
     detail_step = (status or {}).get("detail_step")
     if detail_step is None and (attribution["op_call"] >= 0).any():
         detail_step = int(attribution.loc[attribution["op_call"] >= 0, "step"].mode().iloc[0])
@@ -193,7 +246,9 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     n = len(measured)
     measured_ids = set(measured["step"])
     k = kernels.assign(**{c: attribution[c].to_numpy() for c in ("step", "phase", "module", "module_class", "op")},
-                       **{c: classes[c].to_numpy() for c in ("family", "kernel_class", "evidence", "intensity", "ridge", "efficiency")})
+                       **{c: classes[c].to_numpy() for c in ("family", "kernel_class", "evidence", "intensity", "ridge", "efficiency",
+                                                             "config_key", "flop", "math_path", "achieved_flop_per_s",
+                                                             "achieved_bytes_per_s")})
     k["queue_delay_ns"] = launches["queue_delay_ns"].to_numpy()
     k["shorter_than_launch"] = launches["shorter_than_launch"].to_numpy()
     km = k[k["step"].isin(measured_ids)]
@@ -311,11 +366,18 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "gpu_busy_percent": 100.0 * float(measured["busy_ns"].sum() / measured["step_time_ns"].sum()) if n else None,
         "breakdown_ns_per_step": breakdown,
         "breakdown_percent": breakdown_percent,
-        "classification": {"method": "first cut: op shapes where recorded, else kernel name heuristics",
+        "classification": {"method": ("roofline: Nsight Compute measurements where profiled, else op shapes where recorded, "
+                                      "else kernel name heuristics"),
+                           "ncu_source": meta.get("ncu_source"),
+                           "ncu_kernels_profiled": int(len(ncu)),
                            "evidence_share_percent": _shares(km, "evidence"),
                            "class_share_of_kernel_time_percent": _shares(km, "kernel_class")},
         "phases_ns_per_step": {p: float(v) for p, v in phases.items()},
         "top_kernels": top_kernels,
+        "operator_classes": _operator_classes(km) if n else [],
+        "roofline_points": (points := _roofline_points(km, n)) if n else [],
+        "below_roof": sorted([p for p in (points if n else []) if p["lost_ns_per_step"] is not None],
+                             key=lambda p: -p["lost_ns_per_step"])[:10],
         "families_ns_per_step": {f: float(v) / n for f, v in km.groupby("family")["duration_ns"].sum().items()} if n else {},
         "modules": modules,
         "per_step_metrics": _per_step_metrics(km, measured, per_step, incl, modules,

@@ -5,6 +5,7 @@ report to SQLite. Produces, inside the run directory:
 - ``profile.sqlite``    its SQLite export
 - ``script_status.json`` the launcher's status (exit code, exception, steps seen)
 - ``gpudiag.log``       every command run and its output
+- ``profile.ncu-rep``   with ``--ncu``: the Nsight Compute report of the top kernels of the detail step
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpudiag.capture import ncu as ncu_mod
 from gpudiag.capture import nsys
 from gpudiag.capture.instrument import CaptureConfig
 
 REPORT_BASE = "profile"
 SQLITE_NAME = "profile.sqlite"
+NCU_NAME = "profile.ncu-rep"
 STATUS_NAME = "script_status.json"
 LOG_NAME = "gpudiag.log"
 
@@ -40,6 +43,45 @@ class CaptureResult:
         return 1 if code is None else int(code)
 
 
+def _launcher_args(script: Path, script_args: list[str], run_dir: Path, config: CaptureConfig, status_name: str) -> list[str]:
+    return ["--config", config.to_json(), "--status", str((run_dir / status_name).resolve()), str(script), *script_args]
+
+
+def _launcher_env() -> dict:
+    env = dict(os.environ)
+    # The launcher must import this gpudiag even when it is not installed (e.g. run from a checkout).
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = package_root + os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else package_root
+    return env
+
+
+def capture_ncu(script: Path, script_args: list[str], run_dir: Path, config: CaptureConfig, detail_step: int,
+                kernel_names: list[str], max_kernels: int, echo=print) -> Path | None:
+    """Second pass under Nsight Compute (see :mod:`gpudiag.capture.ncu`): returns the path of
+    ``profile.ncu-rep``, or None (with a message saying why) when ncu is missing, may not read the
+    performance counters, or profiled nothing. Never raises for those: the nsys report stands."""
+    try:
+        ncu_path = ncu_mod.locate_ncu()
+    except nsys.ToolNotFound as exc:
+        echo(f"--ncu skipped: {exc}")
+        return None
+    log = run_dir / LOG_NAME
+    echo(f"[ncu] replaying {len(kernel_names)} top kernels of step {detail_step} under Nsight Compute ({ncu_path})")
+    cmd = ncu_mod.profile_command(ncu_path, run_dir / REPORT_BASE, detail_step, kernel_names, max_kernels,
+                                  _launcher_args(script, script_args, run_dir, config, "ncu_status.json"))
+    start = log.stat().st_size if log.exists() else 0
+    nsys.run_logged(cmd, log, _launcher_env())
+    output = log.read_text(errors="replace")[start:]
+    report = run_dir / NCU_NAME
+    if ncu_mod.PERMISSION_ERROR in output:
+        echo(ncu_mod.PERMISSION_HINT)
+        return None
+    if not report.exists():
+        echo(f"--ncu: Nsight Compute wrote no report (no kernel matched?); see {log}; the report uses nsys data alone")
+        return None
+    return report
+
+
 def capture(script: Path, script_args: list[str], run_dir: Path, config: CaptureConfig,
             nsys_path: Path, echo=print) -> CaptureResult:
     """Profile ``script`` with ``script_args`` into ``run_dir`` (which must exist).
@@ -48,12 +90,8 @@ def capture(script: Path, script_args: list[str], run_dir: Path, config: Capture
     crashes is not an error here: its partial profile is exported and its status says it failed."""
     log = run_dir / LOG_NAME
     status_path = run_dir / STATUS_NAME
-    launcher_args = ["--config", config.to_json(), "--status", str(status_path.resolve()),
-                     str(script), *script_args]
-    env = dict(os.environ)
-    # The launcher must import this gpudiag even when it is not installed (e.g. run from a checkout).
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else package_root
+    launcher_args = _launcher_args(script, script_args, run_dir, config, STATUS_NAME)
+    env = _launcher_env()
 
     echo(f"[1/3] profiling {script} under Nsight Systems ({nsys_path})")
     nsys.run_logged(nsys.profile_command(nsys_path, run_dir / REPORT_BASE, launcher_args), log, env)

@@ -11,7 +11,7 @@ import click
 
 from gpudiag.capture import nsys
 from gpudiag.capture.instrument import CaptureConfig, detect_step_mode
-from gpudiag.capture.run import CaptureError, capture
+from gpudiag.capture.run import CaptureError, capture, capture_ncu
 from gpudiag.cli.errors import UserError
 from gpudiag.cli.options import AnalysisOptions, analysis_options
 
@@ -42,10 +42,16 @@ def prepare_run_dir(run_dir: Path, force: bool) -> None:
 @click.option("--no-module-ranges", is_flag=True, help="Do not inject per-module NVTX ranges.")
 @click.option("--no-op-ranges", is_flag=True, help="Do not record per-op ranges on the detail step.")
 @click.option("--no-analysis", is_flag=True, help="Capture and export only (analyse later with 'gpudiag report RUN_DIR').")
+@click.option("--ncu", "use_ncu", is_flag=True, help="Also replay the top kernels of the detail step under Nsight Compute "
+              "(roofline counters); measured FLOPs and bytes then replace estimates.")
+@click.option("--ncu-top", type=click.IntRange(min=1), default=20, show_default=True,
+              help="How many kernel names (by total time) --ncu replays.")
+@click.option("--ncu-max-kernels", type=click.IntRange(min=1), default=400, show_default=True,
+              help="At most this many kernel launches profiled by --ncu.")
 @analysis_options
 def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, force: bool, nsys_path: str | None,
             detail_step: int | None, no_module_ranges: bool, no_op_ranges: bool, no_analysis: bool,
-            options: AnalysisOptions) -> None:
+            use_ncu: bool, ncu_top: int, ncu_max_kernels: int, options: AnalysisOptions) -> None:
     """Profile SCRIPT on this GPU and write a run directory with report.html and report.json.
 
     Arguments after ``--`` go to the script; its exit code becomes gpudiag's. If the script
@@ -55,6 +61,7 @@ def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, fo
     Example:
         gpudiag profile train.py -- --epochs 1
         gpudiag profile train.py -o runs/baseline --force -- --batch 64
+        gpudiag profile train.py --ncu --ncu-top 20 -- --epochs 1
     """
     if not script.is_file():
         raise UserError(f"{script}: no such script; pass the path of the Python file to profile")
@@ -81,9 +88,19 @@ def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, fo
         click.secho(f"the script exited with code {code}; reporting what was captured up to then", fg="yellow")
     if no_analysis:
         click.echo(f"capture kept in {run_dir}; analyse it with: gpudiag report {run_dir}")
-    else:
-        from gpudiag.cli.report import analyse_and_report
+        raise SystemExit(code)
+    from gpudiag.cli.report import analyse_and_report
 
-        click.echo("[3/3] analysing")
-        analyse_and_report(result.sqlite, run_dir, AnalysisOptions(options.steps_from, warmup), status=result.status)
+    click.echo("[3/3] analysing")
+    analysis = AnalysisOptions(options.steps_from, warmup)
+    report = analyse_and_report(result.sqlite, run_dir, analysis, status=result.status)
+    detail = report["steps"]["detail_step"]
+    if use_ncu and detail is not None and report["top_kernels"]:
+        names = [k["name"] for k in report["top_kernels"][:ncu_top]]
+        ncu_report = capture_ncu(script, list(script_args), run_dir, config, detail, names, ncu_max_kernels, echo=click.echo)
+        if ncu_report is not None:
+            click.echo("[ncu] re-analysing with Nsight Compute measurements")
+            analyse_and_report(result.sqlite, run_dir, analysis, status=result.status, ncu=ncu_report)
+    elif use_ncu:
+        click.echo("--ncu skipped: no detail step with kernels (profile with op ranges and at least warm-up + 1 steps)")
     raise SystemExit(code)

@@ -13,10 +13,11 @@ import click
 
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.run import analyse, ingest
-from gpudiag.capture.run import SQLITE_NAME, STATUS_NAME
+from gpudiag.capture.run import NCU_NAME, SQLITE_NAME, STATUS_NAME
 from gpudiag.cli.errors import UserError
 from gpudiag.cli.options import AnalysisOptions, analysis_options
 from gpudiag.reports import html, json_report, terminal
+from gpudiag.sources.ncu import NcuError
 from gpudiag.sources.nsys_sqlite import ExportError
 from gpudiag.store import RUN_DB_NAME
 
@@ -51,25 +52,33 @@ def resolve_input(path: Path) -> tuple[Path, dict | None, Path]:
     raise UserError(f"{path}: no such file or directory; pass a gpudiag run directory or an nsys SQLite export")
 
 
+def _decompressed(path: Path, tmp: Path) -> Path:
+    """``path`` itself, or for ``*.xz`` its decompressed copy in ``tmp``."""
+    if path.suffix != ".xz":
+        return path
+    target = tmp / path.name.removesuffix(".xz")
+    try:
+        with lzma.open(path) as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    except (lzma.LZMAError, EOFError, FileNotFoundError):  # EOFError: a truncated stream
+        raise UserError(f"{path}: not a readable .xz file; decompress it with xz -d and pass the result") from None
+    return target
+
+
 def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, status: dict | None = None,
-                       as_json: bool = False) -> dict:
-    """Ingest ``export`` (``.sqlite`` or ``.sqlite.xz``) into ``out_dir``/run.sqlite, analyse it and
-    write report.html and report.json there; prints the terminal summary (or the JSON)."""
+                       as_json: bool = False, ncu: Path | None = None) -> dict:
+    """Ingest ``export`` (``.sqlite`` or ``.sqlite.xz``, plus the Nsight Compute report ``ncu`` if
+    given, ``.ncu-rep`` or ``.ncu-rep.xz``) into ``out_dir``/run.sqlite, analyse it and write
+    report.html and report.json there; prints the terminal summary (or the JSON)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir}: exists and is not a directory; pass -o DIR with a directory path")
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
-        source = export
-        if export.suffix == ".xz":
-            source = Path(tmp) / export.name.removesuffix(".xz")
-            try:
-                with lzma.open(export) as src, open(source, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-            except (lzma.LZMAError, EOFError):  # EOFError: a truncated stream
-                raise UserError(f"{export}: not a valid .xz file; decompress it with xz -d and pass the .sqlite") from None
+        source = _decompressed(export, Path(tmp))
+        ncu_source = _decompressed(ncu, Path(tmp)) if ncu else None
         try:
-            db = ingest(source, out_dir / RUN_DB_NAME, source_name=export.name)
-        except ExportError as exc:
+            db = ingest(source, out_dir / RUN_DB_NAME, source_name=export.name, ncu_path=ncu_source)
+        except (ExportError, NcuError) as exc:
             raise UserError(str(exc)) from None
     warmup = options.warmup_steps if options.warmup_steps is not None else (status or {}).get("warmup_steps", 2)
     try:
@@ -93,8 +102,12 @@ def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, st
                    "or gpudiag-reports/<export name>/ for an export file].")
 @click.option("--force", is_flag=True, help="Overwrite an existing report.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout instead of the summary table.")
+@click.option("--ncu", "ncu", type=click.Path(path_type=Path),
+              help="Nsight Compute report (.ncu-rep) of the same workload: measured FLOPs and DRAM bytes "
+                   "override estimates [default: profile.ncu-rep in a run directory, if there].")
 @analysis_options
-def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, options: AnalysisOptions) -> None:
+def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, ncu: Path | None,
+           options: AnalysisOptions) -> None:
     """Analyse SOURCE, a gpudiag run directory or any nsys SQLite export (.sqlite or .sqlite.xz).
 
     For an export made without gpudiag, steps come from your own NVTX ranges named like
@@ -106,6 +119,7 @@ def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, optio
         gpudiag report examples/swin_t_train_bf16.sqlite.xz -o swin-report
         gpudiag report gpudiag-runs/train-20261121-101500 --force
         gpudiag report theirs.sqlite --steps-from 'nvtx:^train_step$' --json
+        gpudiag report run.sqlite --ncu run.ncu-rep
     """
     export, status, default_dir = resolve_input(source)
     out_dir = out_dir or default_dir
@@ -119,4 +133,8 @@ def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, optio
             re.compile(options.steps_from[5:])
         except re.error as exc:
             raise UserError(f"--steps-from {options.steps_from!r}: invalid regular expression ({exc})") from None
-    analyse_and_report(export, out_dir, options, status=status, as_json=as_json)
+    if ncu is None and source.is_dir() and (source / NCU_NAME).exists():
+        ncu = source / NCU_NAME
+    if ncu is not None and not ncu.is_file():
+        raise UserError(f"{ncu}: no such file; pass the .ncu-rep written by ncu or gpudiag profile --ncu")
+    analyse_and_report(export, out_dir, options, status=status, as_json=as_json, ncu=ncu)

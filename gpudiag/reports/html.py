@@ -6,6 +6,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+import html
+
 import jinja2
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -57,12 +59,51 @@ def top_kernels_chart(result: dict, top: int = 10) -> str:
     return _figure_html(fig)
 
 
+def roofline_chart(result: dict) -> str:
+    """Log-log roofline: one point per kernel name and launch configuration (area ~ time per
+    step), the memory roof and a flat roof per math path present; empty when no point is known."""
+    points = result.get("roofline_points") or []
+    device = result["device"]
+    bandwidth = device.get("memory_bandwidth_bytes_per_s") or 0
+    if not points or not bandwidth:
+        return ""
+    import math
+
+    fig = go.Figure()
+    xs = [p["intensity_flop_per_byte"] for p in points]
+    lo, hi = min(xs) / 2, max(max(xs) * 2, 1e3)
+    paths = sorted({p["math_path"] for p in points if p["math_path"] in device["peak_flop_per_s"]})
+    for path in paths:
+        peak = device["peak_flop_per_s"][path]
+        ridge = peak / bandwidth
+        fig.add_scatter(x=[lo, ridge, hi], y=[bandwidth * lo, peak, peak], mode="lines", name=f"roof {path}",
+                        line=dict(dash="dot", width=1), hoverinfo="name")
+    biggest = max(p["time_ns_per_step"] for p in points)
+    for cls, color in CLASS_COLORS.items():
+        mine = [p for p in points if p["kernel_class"] == cls]
+        if not mine:
+            continue
+        fig.add_scatter(
+            x=[p["intensity_flop_per_byte"] for p in mine], y=[p["achieved_flop_per_s"] for p in mine], mode="markers",
+            name=cls, marker=dict(color=color, size=[6 + 30 * math.sqrt(p["time_ns_per_step"] / biggest) for p in mine],
+                                  line=dict(width=0.5, color="#333"), opacity=0.75),
+            hovertext=[html.escape(f"{p['label'][:80]} | AI {p['intensity_flop_per_byte']:.3g} FLOP/byte | "
+                                   f"{p['achieved_flop_per_s'] / 1e12:.3g} TFLOP/s, {p['achieved_bytes_per_s'] / 1e9:.3g} GB/s | "
+                                   f"{units.fmt_ns(p['time_ns_per_step'])}/step | {p['math_path']} | evidence {p['evidence']}")
+                       for p in mine], hoverinfo="text")
+    fig.update_layout(height=420, margin=dict(l=60, r=10, t=30, b=50), title="Roofline (point area ~ time per step)",
+                      xaxis=dict(type="log", title="arithmetic intensity (FLOP/byte)"),
+                      yaxis=dict(type="log", title="achieved FLOP/s"))
+    return _figure_html(fig)
+
+
 def render(result: dict) -> str:
     """The whole report page as HTML text."""
     template = _environment().get_template("report.html")
     return template.render(
         r=result, colors=CLASS_COLORS,
-        charts={"breakdown": breakdown_chart(result), "top_kernels": top_kernels_chart(result)},
+        charts={"breakdown": breakdown_chart(result), "top_kernels": top_kernels_chart(result),
+                "roofline": roofline_chart(result)},
         plotly_js=plotly.offline.get_plotlyjs(),
     )
 

@@ -1,0 +1,95 @@
+"""Roofline accuracy: the class gpudiag estimates without Nsight Compute against the class from
+ncu's measured FLOPs and DRAM bytes, for the kernels ncu profiled (and their same-configuration
+instances), over the measured steps of each run.
+
+    python benchmarks/roofline_accuracy.py RUN_DIR [RUN_DIR ...] [--markdown OUT.md]
+
+Each RUN_DIR comes from `gpudiag profile --ncu` (profile.sqlite, profile.ncu-rep,
+script_status.json). Prints one row per run: agreement weighted by kernel time and by count, and
+the error of estimated vs measured FLOPs and bytes (median of |estimate/measured - 1| over kernel
+instances with both, and the time-weighted mean).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from gpudiag import store  # noqa: E402
+from gpudiag.analysis.run import analyse, ingest  # noqa: E402
+
+
+def classes(run_dir: Path, with_ncu: bool, tmp: Path) -> pd.DataFrame:
+    status_file = run_dir / "script_status.json"
+    status = json.loads(status_file.read_text()) if status_file.exists() else None
+    db = ingest(run_dir / "profile.sqlite", tmp / f"{run_dir.name}-{with_ncu}.sqlite",
+                ncu_path=run_dir / "profile.ncu-rep" if with_ncu else None)
+    analyse(db, status=status, warmup_steps=(status or {}).get("warmup_steps", 2))
+    k = store.read_table(db, "kernels")[["kernel_id", "name", "duration_ns"]]
+    c = store.read_table(db, "kernel_class")[["kernel_id", "kernel_class", "evidence", "flop", "bytes", "family"]]
+    steps = store.read_table(db, "steps")
+    a = store.read_table(db, "kernel_attribution")[["kernel_id", "step"]]
+    measured = set(steps.loc[steps["measured"].astype(bool), "step"])
+    return k.merge(c, on="kernel_id").merge(a, on="kernel_id").query("step in @measured")
+
+
+def _relative_error(estimate: pd.Series, measured: pd.Series, weight: pd.Series) -> tuple[float, float]:
+    ok = estimate.notna() & measured.notna() & (measured > 0)
+    err = (estimate[ok] / measured[ok] - 1).abs()
+    if err.empty:
+        return float("nan"), float("nan")
+    return float(err.median()), float(np.average(err, weights=weight[ok]))
+
+
+def accuracy(run_dir: Path) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        est = classes(run_dir, False, Path(tmp))
+        meas = classes(run_dir, True, Path(tmp))
+    both = est.merge(meas, on="kernel_id", suffixes=("_est", "_ncu"))
+    both = both[both["evidence_ncu"] == "ncu"]
+    agree = both["kernel_class_est"] == both["kernel_class_ncu"]
+    w = both["duration_ns_est"]
+    flop_med, flop_tw = _relative_error(both["flop_est"], both["flop_ncu"], w)
+    bytes_med, bytes_tw = _relative_error(both["bytes_est"], both["bytes_ncu"], w)
+    gemm = both["family_est"].isin(["gemm", "conv", "attention"])
+    gemm_flop_med, _ = _relative_error(both.loc[gemm, "flop_est"], both.loc[gemm, "flop_ncu"], w[gemm])
+    total = est["duration_ns"].sum()
+    return {"run": run_dir.name, "kernels_compared": int(len(both)),
+            "share_of_kernel_time_percent": 100.0 * float(w.sum()) / total if total else float("nan"),
+            "agreement_time_weighted_percent": 100.0 * float(w[agree].sum() / w.sum()) if len(both) else float("nan"),
+            "agreement_by_count_percent": 100.0 * float(agree.mean()) if len(both) else float("nan"),
+            "flop_error_median_percent": 100 * flop_med, "flop_error_time_weighted_percent": 100 * flop_tw,
+            "bytes_error_median_percent": 100 * bytes_med, "bytes_error_time_weighted_percent": 100 * bytes_tw,
+            "contraction_flop_error_median_percent": 100 * gemm_flop_med,
+            "disagreements": both.loc[~agree].groupby(["name_est", "kernel_class_est", "kernel_class_ncu"])["duration_ns_est"]
+                                 .sum().sort_values(ascending=False).head(5).reset_index()
+                                 .assign(name_est=lambda d: d["name_est"].str[:70]).values.tolist()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args()
+    rows = [accuracy(r) for r in args.runs]
+    table = pd.DataFrame([{k: v for k, v in r.items() if k != "disagreements"} for r in rows])
+    text = table.to_markdown(index=False, floatfmt=".1f")
+    print(text)
+    for r in rows:
+        for d in r["disagreements"]:
+            print(f"  {r['run']}: {d[0]} estimated {d[1]}, measured {d[2]} ({d[3] / 1e6:.2f} ms)")
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""GPT-2 (124M) training on random tokens: a second real workload for gpudiag's benchmarks.
+
+    gpudiag profile examples/gpt2_train.py -- --amp bf16 --steps 10
+
+transformers ``GPT2LMHeadModel`` built from ``GPT2Config()`` (random init, no download), batch 8 x
+512 tokens, AdamW, language-modelling loss.
+"""
+
+import argparse
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--amp", choices=["bf16", "none"], default="bf16")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_positions=args.seq)).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), device="cuda")
+    for _ in range(args.steps):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+            loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
