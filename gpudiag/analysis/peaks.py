@@ -66,6 +66,22 @@ class DevicePeaks:
         return peak / self.bandwidth if peak and self.bandwidth else float("nan")
 
 
+def with_calibration(peaks: DevicePeaks, calibration: dict) -> DevicePeaks:
+    """``peaks`` with the measured values of a ``gpudiag calibrate`` entry: copy bandwidth, the
+    matmul rate of every measured math path and the eager launch cost. Paths it did not measure
+    (fp64, int8) keep their datasheet value."""
+    import datetime
+
+    flops = {**peaks.flops, **{k: float(v) for k, v in (calibration.get("matmul_flop_per_s") or {}).items()}}
+    when = datetime.date.fromtimestamp(calibration.get("measured_unix_s", 0)).isoformat()
+    measured = ", ".join(f"{k} {v / 1e12:.0f} TFLOP/s" for k, v in (calibration.get("matmul_flop_per_s") or {}).items())
+    return DevicePeaks(name=peaks.name, sm_count=peaks.sm_count,
+                       bandwidth=float(calibration.get("copy_bytes_per_s") or peaks.bandwidth), flops=flops,
+                       source=(f"measured by gpudiag calibrate on {when}: copy {calibration.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s, "
+                               f"{measured}; other paths {peaks.source}"),
+                       launch_overhead_ns=float(calibration.get("launch_overhead_ns") or peaks.launch_overhead_ns))
+
+
 def lookup(name: str, sm_count: int = 0, nsys_bandwidth: float | None = None) -> DevicePeaks:
     """Peaks for the GPU called ``name`` (as nsys records it, e.g. "NVIDIA H200")."""
     for pattern, bw, flops, source in DATASHEET:

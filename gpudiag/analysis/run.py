@@ -175,13 +175,14 @@ def _per_step_metrics(km: pd.DataFrame, measured: pd.DataFrame, per_step: list[d
 
 
 def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | None = None,
-            status: dict | None = None, top: int = 20) -> dict:
+            status: dict | None = None, top: int = 20, calibration: dict | None = None) -> dict:
     """Analyse the run database ``db``; returns report.json's content (see module docstring).
 
     Writes ``kernel_attribution``, ``kernel_class`` and ``steps`` tables back into ``db``.
     Raises :class:`AnalysisError` when the export has no kernels or ``steps_from`` is an invalid
     regular expression. An export of several processes is reported for the one with the most
-    kernel time (with a warning)."""
+    kernel time (with a warning). ``calibration`` (a ``gpudiag calibrate`` entry of the same GPU)
+    replaces datasheet peaks with measured ones."""
     meta = store.read_meta(db)
     kernels = store.read_table(db, "kernels")
     runtime_api = store.read_table(db, "runtime_api")
@@ -219,6 +220,10 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     attribution = attribute(kernels, runtime_api, nvtx, steps)
     device_peaks = peaks_mod.lookup(str(dev.get("name", "")), int(dev.get("sm_count", 0) or 0),
                                     dev.get("memory_bandwidth_bytes_per_s"))
+    if calibration and calibration.get("gpu") == device_peaks.name:
+        device_peaks = peaks_mod.with_calibration(device_peaks, calibration)
+    elif calibration:
+        warnings.append(f"calibration of {calibration.get('gpu')} ignored: the capture ran on {device_peaks.name}")
     ncu = store.read_table(db, "ncu_kernels")
     classes = classify(kernels, attribution, device_peaks, ncu if not ncu.empty else None)
     detail_step = (status or {}).get("detail_step")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from gpudiag import __version__
+from gpudiag.cli import calibrate as calibrate_cmd
 from gpudiag.cli import gate as gate_cmd
 from gpudiag.cli import profile as profile_cmd
 from gpudiag.cli import report as report_cmd
@@ -20,6 +21,7 @@ def cli() -> None:
     gpudiag profile train.py -- --epochs 1     profile a script on this GPU
     gpudiag report RUN_DIR_OR_SQLITE           analyse a run or any nsys SQLite export
     gpudiag gate BASELINE CURRENT              fail CI on a GPU performance regression
+    gpudiag calibrate                          measure this GPU's peaks (used by profile)
     """
 
 
@@ -27,3 +29,4 @@ cli.add_command(profile_cmd.profile)
 cli.add_command(report_cmd.report)
 cli.add_command(gate_cmd.gate)
 cli.add_command(gate_cmd.baseline)
+cli.add_command(calibrate_cmd.calibrate)

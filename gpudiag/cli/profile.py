@@ -9,11 +9,28 @@ from pathlib import Path
 
 import click
 
-from gpudiag.capture import nsys
+from gpudiag.capture import calibrate, nsys
 from gpudiag.capture.instrument import CaptureConfig, detect_step_mode
 from gpudiag.capture.run import CaptureError, capture, capture_ncu
 from gpudiag.cli.errors import UserError
 from gpudiag.cli.options import AnalysisOptions, analysis_options
+
+
+def _cached_calibration(export: Path, run_dir: Path) -> dict | None:
+    """The ``gpudiag calibrate`` entry of the GPU and driver the capture ran on, copied into the run
+    directory as calibration.json; None (datasheet peaks) when this GPU was never calibrated."""
+    from gpudiag.sources.nsys_sqlite import read_gpu_in_use
+
+    name, environment = read_gpu_in_use(export)
+    if name is None:
+        return None
+    entry = calibrate.lookup(str(name), environment.get("driver_version"))
+    if entry is None:
+        click.echo(f"peaks: datasheet values for {name} (run 'gpudiag calibrate' once on this machine to measure them)")
+        return None
+    (run_dir / calibrate.CALIBRATION_NAME).write_text(json.dumps(entry, indent=1))
+    click.echo(f"peaks: measured by gpudiag calibrate ({run_dir / calibrate.CALIBRATION_NAME})")
+    return entry
 
 
 def default_run_dir(script: Path) -> Path:
@@ -93,14 +110,16 @@ def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, fo
 
     click.echo("[3/3] analysing")
     analysis = AnalysisOptions(options.steps_from, warmup)
-    report = analyse_and_report(result.sqlite, run_dir, analysis, status=result.status)
+    calibration = _cached_calibration(result.sqlite, run_dir)
+    report = analyse_and_report(result.sqlite, run_dir, analysis, status=result.status, calibration=calibration)
     detail = report["steps"]["detail_step"]
     if use_ncu and detail is not None and report["top_kernels"]:
         names = [k["name"] for k in report["top_kernels"][:ncu_top]]
         ncu_report = capture_ncu(script, list(script_args), run_dir, config, detail, names, ncu_max_kernels, echo=click.echo)
         if ncu_report is not None:
             click.echo("[ncu] re-analysing with Nsight Compute measurements")
-            analyse_and_report(result.sqlite, run_dir, analysis, status=result.status, ncu=ncu_report)
+            analyse_and_report(result.sqlite, run_dir, analysis, status=result.status, ncu=ncu_report,
+                               calibration=calibration)
     elif use_ncu:
         click.echo("--ncu skipped: no detail step with kernels (profile with op ranges and at least warm-up + 1 steps)")
     raise SystemExit(code)

@@ -13,6 +13,7 @@ import click
 
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.run import analyse, ingest
+from gpudiag.capture.calibrate import CALIBRATION_NAME
 from gpudiag.capture.run import NCU_NAME, SQLITE_NAME, STATUS_NAME
 from gpudiag.cli.errors import UserError
 from gpudiag.cli.options import AnalysisOptions, analysis_options
@@ -65,8 +66,22 @@ def _decompressed(path: Path, tmp: Path) -> Path:
     return target
 
 
+def read_calibration(path: Path) -> dict:
+    """A ``calibration.json`` written by gpudiag profile (one entry) or the calibrate cache (one
+    entry per GPU; the first is used). Raises UserError for anything else."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise UserError(f"{path}: not a gpudiag calibration file; make one with gpudiag calibrate") from None
+    if isinstance(data, dict) and "copy_bytes_per_s" not in data and data:
+        data = next(iter(data.values()))
+    if not isinstance(data, dict) or "copy_bytes_per_s" not in data:
+        raise UserError(f"{path}: not a gpudiag calibration file; make one with gpudiag calibrate")
+    return data
+
+
 def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, status: dict | None = None,
-                       as_json: bool = False, ncu: Path | None = None) -> dict:
+                       as_json: bool = False, ncu: Path | None = None, calibration: dict | None = None) -> dict:
     """Ingest ``export`` (``.sqlite`` or ``.sqlite.xz``, plus the Nsight Compute report ``ncu`` if
     given, ``.ncu-rep`` or ``.ncu-rep.xz``) into ``out_dir``/run.sqlite, analyse it and write
     report.html and report.json there; prints the terminal summary (or the JSON)."""
@@ -82,7 +97,7 @@ def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, st
             raise UserError(str(exc)) from None
     warmup = options.warmup_steps if options.warmup_steps is not None else (status or {}).get("warmup_steps", 2)
     try:
-        result = analyse(db, warmup_steps=warmup, steps_from=options.steps_from, status=status)
+        result = analyse(db, warmup_steps=warmup, steps_from=options.steps_from, status=status, calibration=calibration)
     except AnalysisError as exc:
         raise UserError(f"{export}: {exc}", exit_code=3) from None
     json_report.write(result, out_dir / "report.json")
@@ -105,8 +120,11 @@ def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, st
 @click.option("--ncu", "ncu", type=click.Path(path_type=Path),
               help="Nsight Compute report (.ncu-rep) of the same workload: measured FLOPs and DRAM bytes "
                    "override estimates [default: profile.ncu-rep in a run directory, if there].")
+@click.option("--peaks", "peaks_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Measured peaks (calibration.json from gpudiag calibrate) [default: the run directory's, if there; "
+                   "else datasheet values].")
 @analysis_options
-def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, ncu: Path | None,
+def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, ncu: Path | None, peaks_file: Path | None,
            options: AnalysisOptions) -> None:
     """Analyse SOURCE, a gpudiag run directory or any nsys SQLite export (.sqlite or .sqlite.xz).
 
@@ -137,4 +155,7 @@ def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, ncu: 
         ncu = source / NCU_NAME
     if ncu is not None and not ncu.is_file():
         raise UserError(f"{ncu}: no such file; pass the .ncu-rep written by ncu or gpudiag profile --ncu")
-    analyse_and_report(export, out_dir, options, status=status, as_json=as_json, ncu=ncu)
+    if peaks_file is None and source.is_dir() and (source / CALIBRATION_NAME).exists():
+        peaks_file = source / CALIBRATION_NAME
+    calibration = read_calibration(peaks_file) if peaks_file else None
+    analyse_and_report(export, out_dir, options, status=status, as_json=as_json, ncu=ncu, calibration=calibration)

@@ -228,6 +228,26 @@ def _environment(conn, tables: set[str]) -> dict:
     return env
 
 
+def read_gpu_in_use(path: Path) -> tuple[str | None, dict]:
+    """(name of the GPU that ran the most kernels, environment) of an export, reading only the
+    small target-info tables and one aggregate (cheap on exports of millions of kernels)."""
+    conn = open_export(path)
+    try:
+        tables = _tables(conn)
+        name = None
+        if "TARGET_INFO_GPU" in tables:
+            row = None
+            if "CUPTI_ACTIVITY_KIND_KERNEL" in tables:
+                row = conn.execute("SELECT g.name FROM TARGET_INFO_GPU g JOIN (SELECT deviceId, COUNT(*) AS n FROM "
+                                   "CUPTI_ACTIVITY_KIND_KERNEL GROUP BY deviceId ORDER BY n DESC LIMIT 1) k "
+                                   "ON k.deviceId = g.id").fetchone()
+            row = row or conn.execute("SELECT name FROM TARGET_INFO_GPU LIMIT 1").fetchone()
+            name = row[0] if row else None
+        return name, _environment(conn, tables)
+    finally:
+        conn.close()
+
+
 def _pid_of(global_tid: pd.Series) -> pd.Series:
     """globalPid from globalTid (nsys packs the pid in the high bits)."""
     # PID_MASK clears the low 24 bits (the thread id); shifting does the same within int64.
