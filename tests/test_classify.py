@@ -104,3 +104,54 @@ def test_without_op_ranges_classification_falls_back_to_heuristics(analysed):
 def test_unrolled_kernels_are_not_roll_copies():
     assert family_of("void at::native::unrolled_elementwise_kernel<at::native::GeluCUDAKernelImpl>") == "elementwise"
     assert family_of("void at::native::roll_cuda_kernel<c10::BFloat16>(const T1 *, T1 *)") == "copy"
+
+
+def test_measured_peaks_replace_the_datasheet(tmp_path):
+    """`gpudiag calibrate` on the H200 (tests/fixtures/h200_calibration.json): the report says it
+    used measured peaks, and ridge points and the launch threshold follow them."""
+    import json
+
+    from click.testing import CliRunner
+
+    from gpudiag.cli.main import cli
+    from conftest import EXPORTS, FIXTURES
+
+    result = CliRunner().invoke(cli, ["report", str(EXPORTS["swin_t_train_bf16"]), "-o", str(tmp_path / "r"), "--json",
+                                      "--peaks", str(FIXTURES / "h200_calibration.json")])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    calibration = json.loads((FIXTURES / "h200_calibration.json").read_text())
+    device = report["device"]
+    assert device["peaks_source"].startswith("measured by gpudiag calibrate")
+    assert device["memory_bandwidth_bytes_per_s"] == calibration["copy_bytes_per_s"]
+    assert device["peak_flop_per_s"]["bf16"] == calibration["matmul_flop_per_s"]["bf16"]
+    assert device["peak_flop_per_s"]["fp64"] == 34e12  # not measured: datasheet
+    assert device["launch_overhead_ns"] == calibration["launch_overhead_ns"]
+    gemm = [k for k in report["top_kernels"] if k["family"] == "gemm" and k["ridge_flop_per_byte"] > 100][0]
+    assert gemm["ridge_flop_per_byte"] == pytest.approx(calibration["matmul_flop_per_s"]["bf16"] / calibration["copy_bytes_per_s"])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    wrong = CliRunner().invoke(cli, ["report", str(EXPORTS["tiny_gemm_gelu"]), "-o", str(tmp_path / "b"), "--peaks", str(bad)])
+    assert wrong.exit_code == 2 and "not a gpudiag calibration file" in wrong.output
+
+
+def test_cost_model_per_op_class():
+    n = 32 * 3136 * 96
+    act = "bfloat16[32,3136,96]"
+    assert op_cost("aten::roll", payload("aten::roll", [act, [-3, -3], [1, 2]], act)).flop == 0  # data movement
+    assert op_cost("aten::_to_copy", payload("aten::_to_copy", ["float32[96]", {"dtype": "torch.bfloat16"}], "bfloat16[96]")).flop == 0
+    ln = op_cost("aten::native_layer_norm", payload("aten::native_layer_norm", [act, [96], "bfloat16[96]", "bfloat16[96]", 1e-5],
+                                                     [act, "float32[32,3136,1]", "float32[32,3136,1]"]))
+    assert ln.flop == 5 * n and ln.math_path == "fp32"
+    ln_bwd = op_cost("aten::native_layer_norm_backward", payload("aten::native_layer_norm_backward", [act, act], [act]))
+    assert ln_bwd.flop == 2 * 5 * n
+    sm = op_cost("aten::_softmax", payload("aten::_softmax", ["float32[6144,3,49,49]", -1, False], "float32[6144,3,49,49]"))
+    assert sm.flop == 5 * 6144 * 3 * 49 * 49
+    adamw = op_cost("aten::_fused_adamw_", payload("aten::_fused_adamw_", [{"tensors": 170, "dtype": "float32", "numel": 28_000_000}], None))
+    assert adamw.flop == 15 * 28_000_000
+    flash = op_cost("aten::_scaled_dot_product_flash_attention",
+                    payload("aten::_scaled_dot_product_flash_attention", ["bfloat16[8,12,512,64]"] * 3, ["bfloat16[8,12,512,64]"]))
+    assert flash.flop == 4 * 8 * 12 * 512 * 512 * 64 and flash.math_path == "bf16"
+    flash_bwd = op_cost("aten::_scaled_dot_product_flash_attention_backward",
+                        payload("aten::_scaled_dot_product_flash_attention_backward", ["bfloat16[8,12,512,64]"] * 4, None))
+    assert flash_bwd.flop == 2.5 * flash.flop

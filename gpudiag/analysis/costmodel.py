@@ -7,7 +7,15 @@ recorded on the detail step (the ``gpudiag:op`` NVTX payload).
   (``linear`` and ``matmul`` reach the dispatcher as these), convolution
   2·N·Cout·Hout·Wout·(Cin/groups)·kh·kw (backward: twice the forward, for the input and weight
   gradients; transposed convolutions are not modelled), scaled-dot-product attention 4·B·H·L·S·D
-  (backward 2.5x the forward: Dao et al. 2022, "FlashAttention", section 3.1 and appendix B). Any other op is
+  (backward 2.5x the forward: Dao et al. 2022, "FlashAttention", section 3.1 and appendix B).
+- per-element FLOPs of the other ops that compute (:data:`FLOP_PER_ELEMENT`, of the largest
+  operand): LayerNorm / GroupNorm / BatchNorm 5 and RMSNorm 4 with affine parameters (the DeepSpeed
+  flops profiler's counts: mean, variance, normalize, scale, shift), softmax and log-softmax 5 (max,
+  subtract, exp, sum, divide or log), cross-entropy/NLL 1, Adam/AdamW 15 per parameter (moment
+  updates 7, bias corrections and the update 8); backward passes twice their forward (the usual
+  backward ≈ 2x forward rule, Kaplan et al. 2020, "Scaling Laws for Neural Language Models", 2.1).
+- data-movement ops (copies, casts, cat, index/gather/scatter, roll, permute+contiguous, padding,
+  embedding lookups; :data:`DATA_MOVEMENT_OPS`) do no arithmetic: 0 FLOP, all bytes. Any other op is
   counted as one FLOP per element of its largest operand (the
   output of an element-wise op, the input of a reduction).
 - math path: contractions in bf16/fp16 run on tensor cores; fp32 matmuls on the fp32 SIMT path
@@ -32,7 +40,23 @@ DTYPE_PATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64
 
 MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
 CONV_OPS = {"aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::convolution_backward"}
-SDPA_PREFIX = "aten::_scaled_dot_product"
+SDPA_PREFIXES = ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient_attention")
+
+DATA_MOVEMENT_OPS = {
+    "aten::_to_copy", "aten::copy_", "aten::clone", "aten::cat", "aten::stack", "aten::index", "aten::index_select",
+    "aten::index_put_", "aten::gather", "aten::scatter", "aten::scatter_", "aten::roll", "aten::permute",
+    "aten::transpose", "aten::contiguous", "aten::constant_pad_nd", "aten::embedding", "aten::fill_", "aten::zero_",
+    "aten::zeros_like", "aten::ones_like", "aten::new_zeros", "aten::slice_scatter", "aten::select_scatter",
+    "aten::repeat", "aten::expand", "aten::flip", "aten::masked_fill", "aten::masked_fill_", "aten::where",
+}
+# FLOPs per element of the largest operand, forward; "_backward" ops count twice (module docstring).
+FLOP_PER_ELEMENT = {
+    "aten::native_layer_norm": 5.0, "aten::layer_norm": 5.0, "aten::native_group_norm": 5.0,
+    "aten::native_batch_norm": 5.0, "aten::_native_batch_norm_legit": 5.0, "aten::_fused_rms_norm": 4.0,
+    "aten::rms_norm": 4.0, "aten::_softmax": 5.0, "aten::softmax": 5.0, "aten::_log_softmax": 5.0,
+    "aten::log_softmax": 5.0, "aten::nll_loss_forward": 1.0, "aten::nll_loss": 1.0, "aten::cross_entropy_loss": 6.0,
+    "aten::_fused_adamw_": 15.0, "aten::_fused_adam_": 15.0,
+}
 CONTRACTION_OPS = MATMUL_OPS | CONV_OPS
 
 
@@ -108,7 +132,7 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
         flop = _conv_flop(op, shapes, [s for _, s in outs])
         if dtype == "float32":
             path = "tf32"
-    elif op.startswith(SDPA_PREFIX):
+    elif op.startswith(SDPA_PREFIXES):
         # forward inputs: query, key, value; backward: grad_out, query, key, value
         q_at = 1 if "backward" in op else 0
         if len(shapes) > q_at + 1 and len(shapes[q_at]) == 4 and len(shapes[q_at + 1]) == 4:
@@ -117,8 +141,13 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
             flop = 4.0 * b * h * l * s * d * (2.5 if "backward" in op else 1.0)
     contraction = flop is not None
     if not contraction:
-        # one FLOP per element of the largest operand: outputs for element-wise ops, inputs for reductions
-        flop = float(max(_numel(s) for _, s in ins + outs))
+        largest = float(max(_numel(s) for _, s in ins + outs))
+        if op in DATA_MOVEMENT_OPS or op.removesuffix("_backward") in DATA_MOVEMENT_OPS:
+            flop = 0.0
+        else:
+            forward = op.removesuffix("_backward").removesuffix("_data")
+            per_element = FLOP_PER_ELEMENT.get(forward, 1.0)  # 1: element-wise ops and reductions
+            flop = per_element * largest * (2.0 if op.endswith(("_backward", "_backward_data")) else 1.0)
         path = "fp64" if path == "fp64" else "fp32"  # not a contraction: no tensor cores
     return OpCost(flop=flop, bytes=nbytes, math_path=path)
 
