@@ -86,6 +86,20 @@ def test_swin_steps_phases_modules_ops(analysed):
     assert (with_op["op"] == "aten::roll").any()
 
 
+def test_swin_module_rows_split_inclusive_time_by_class(analysed):
+    """Each module row's compute + bandwidth + overhead time per step adds up to its inclusive
+    time per step; Swin-T's window attention spends more time bandwidth-bound than compute-bound."""
+    _, report = analysed("swin_t_train_bf16")
+    rows = {m["module"]: m for m in report["modules"]}
+    assert rows
+    for m in rows.values():
+        parts = [m[f"{c}_ns_per_step"] for c in ("compute", "bandwidth", "overhead")]
+        assert all(isinstance(p, float) and p >= 0 for p in parts), m
+        assert np.isclose(sum(parts), m["inclusive_ns_per_step"], rtol=1e-6, atol=0), m
+    attn = rows["layers.0.blocks.1.attn"]
+    assert attn["bandwidth_ns_per_step"] > attn["compute_ns_per_step"]
+
+
 def test_user_ranges_define_steps_when_there_are_no_gpudiag_ranges(analysed):
     """tiny_gemm_gelu was captured by a plain script with its own 'step0'..'step4' ranges."""
     _, report = analysed("tiny_gemm_gelu")

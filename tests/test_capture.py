@@ -1,5 +1,5 @@
-"""Tests of the capture stage: NVTX instrumentation, step modes, the launcher, nsys discovery and
-``gpudiag profile`` end to end with a fake ``nsys``.
+"""Tests of the capture stage: NVTX instrumentation, step modes, the launcher, nsys discovery, the
+ncu pass's failure paths with a fake ``ncu`` and ``gpudiag profile`` end to end with a fake ``nsys``.
 
 All of this runs on a CPU-only torch. ``instrument.install`` registers global torch hooks that are
 never removed, so every scenario that installs them runs in a child Python process; the pytest
@@ -22,7 +22,9 @@ from click.testing import CliRunner
 
 from gpudiag import nvtx_names
 from gpudiag.capture import instrument, nsys
+from gpudiag.capture import ncu as ncu_mod
 from gpudiag.capture.instrument import CaptureConfig, detect_step_mode
+from gpudiag.capture.run import capture_ncu
 from gpudiag.cli.main import cli
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -494,6 +496,62 @@ def test_locate_nsys_not_found_says_how_to_install(no_nsys_anywhere):
     message = str(info.value)
     assert "not found" in message and "install Nsight Systems" in message
     assert "--nsys" in message and "$GPUDIAG_NSYS" in message
+
+
+# ---- the ncu pass: failures leave the nsys report standing -------------------------------------------
+
+NCU_PERMISSION_OUTPUT = ("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
+                         "Performance Counters on the target device 0.")
+
+
+def run_capture_ncu(tmp_path: Path) -> tuple[Path | None, list[str], Path]:
+    """``capture_ncu`` on a script that would leave a marker file if it ever ran; (result, echoed
+    messages, run dir). The ncu used is whatever $GPUDIAG_NCU names."""
+    marker = tmp_path / "script_ran"
+    script = _write(tmp_path / "train.py", f"open({str(marker)!r}, 'w').close()\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    messages: list[str] = []
+    result = capture_ncu(script, [], run_dir, CaptureConfig(), detail_step=2, kernel_names=["ampere_bf16_gemm"],
+                         max_kernels=10, echo=messages.append)
+    assert not marker.exists(), "the fake ncu must not run the user's script"
+    return result, messages, run_dir
+
+
+def test_capture_ncu_permission_error_echoes_the_fix(tmp_path, monkeypatch):
+    """ncu refused the performance counters (ERR_NVGPUCTRPERM, exit 1): None, and the echoed hint
+    says how to lift the restriction; the ncu output is kept in gpudiag.log."""
+    fake = _executable(tmp_path / "ncu", f"#!/bin/sh\necho '{NCU_PERMISSION_OUTPUT}'\nexit 1\n")
+    monkeypatch.setenv("GPUDIAG_NCU", str(fake))
+    result, messages, run_dir = run_capture_ncu(tmp_path)
+    assert result is None
+    assert messages[-1] == ncu_mod.PERMISSION_HINT
+    assert "NVreg_RestrictProfilingToAdminUsers" in messages[-1]
+    assert not any("wrote no report" in m for m in messages)
+    log = (run_dir / "gpudiag.log").read_text()
+    assert f"$ {fake} " in log and NCU_PERMISSION_OUTPUT in log
+
+
+def test_capture_ncu_without_report_says_so(tmp_path, monkeypatch):
+    """ncu exits 0 but writes no profile.ncu-rep (no kernel matched): None and a message saying so."""
+    monkeypatch.setenv("GPUDIAG_NCU", str(_executable(tmp_path / "ncu")))
+    result, messages, run_dir = run_capture_ncu(tmp_path)
+    assert result is None
+    assert "wrote no report" in messages[-1] and str(run_dir / "gpudiag.log") in messages[-1]
+    assert not (run_dir / "profile.ncu-rep").exists()
+
+
+def test_capture_ncu_not_executable_is_skipped(tmp_path, monkeypatch):
+    """$GPUDIAG_NCU naming a file that is not executable: None, one "--ncu skipped" message naming
+    it, and nothing run (no log written)."""
+    plain = tmp_path / "ncu"
+    plain.write_text("#!/bin/sh\nexit 0\n")  # no execute bit
+    monkeypatch.setenv("GPUDIAG_NCU", str(plain))
+    result, messages, run_dir = run_capture_ncu(tmp_path)
+    assert result is None
+    assert len(messages) == 1 and messages[0].startswith("--ncu skipped")
+    assert "$GPUDIAG_NCU" in messages[0] and str(plain) in messages[0]
+    assert not (run_dir / "gpudiag.log").exists()
 
 
 # ---- gpudiag profile end to end with a fake nsys ---------------------------------------------------

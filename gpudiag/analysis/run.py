@@ -80,10 +80,15 @@ def _module_table(incl: pd.DataFrame, self_ns: pd.Series, module_classes: dict[s
                   step_ns: float, min_share_percent: float = 0.5, max_rows: int = 60) -> list[dict]:
     """GPU time per module (forward pass), per measured step, in tree order: each module is
     followed by its children, largest first; modules under ``min_share_percent`` of the step are
-    left out. ``incl`` comes from :func:`_module_inclusive`."""
+    left out. ``incl`` comes from :func:`_module_inclusive`. Each row also carries the inclusive
+    time per kernel class per step (``compute_ns_per_step``, ``bandwidth_ns_per_step``,
+    ``overhead_ns_per_step``, ns; 0.0 for a class the module has none of)."""
     by_class = incl.groupby(["module", "kernel_class"])["duration_ns"].sum()
     total = by_class.groupby(level=0).sum()
-    dominant = by_class.unstack(fill_value=0).idxmax(axis=1)
+    class_ns = by_class.unstack(fill_value=0)
+    dominant = class_ns.idxmax(axis=1)
+    per_class = (class_ns.reindex(columns=["compute", "bandwidth", "overhead"], fill_value=0).astype(float) / n_steps
+                 ).add_suffix("_ns_per_step").to_dict("index")
     children: dict[str | None, list[str]] = {}
     for path in total.index:  # one iteration per module path
         parents = [p for p in (path.rsplit(".", i)[0] for i in range(1, path.count(".") + 1)) if p in total.index]
@@ -99,7 +104,7 @@ def _module_table(incl: pd.DataFrame, self_ns: pd.Series, module_classes: dict[s
                 continue
             table.append({"module": path, "module_class": module_classes.get(path, ""), "depth": depth,
                           "inclusive_ns_per_step": per, "self_ns_per_step": float(self_ns.get(path, 0)) / n_steps,
-                          "share_of_step_percent": share, "dominant_class": dominant[path]})
+                          "share_of_step_percent": share, **per_class[path], "dominant_class": dominant[path]})
             visit(path, depth + 1)
 
     visit(None, 0)
