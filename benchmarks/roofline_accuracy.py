@@ -5,7 +5,8 @@ instances), over the measured steps of each run.
     python benchmarks/roofline_accuracy.py RUN_DIR [RUN_DIR ...] [--markdown OUT.md]
 
 Each RUN_DIR comes from `gpudiag profile --ncu` (profile.sqlite, profile.ncu-rep,
-script_status.json). Prints one row per run: agreement weighted by kernel time and by count, and
+script_status.json; the first two may be .xz). The runs behind docs/roofline_accuracy.md are in
+benchmarks/data/roofline/. Prints one row per run: agreement weighted by kernel time and by count, and
 the error of estimated vs measured FLOPs and bytes (median of |estimate/measured - 1| over kernel
 instances with both, and the time-weighted mean).
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -50,10 +53,26 @@ def _relative_error(estimate: pd.Series, measured: pd.Series, weight: pd.Series)
     return float(err.median()), float(np.average(err, weights=weight[ok]))
 
 
+def _unpacked(run_dir: Path, tmp: Path) -> Path:
+    """``run_dir`` itself, or a copy in ``tmp`` with its .xz files decompressed."""
+    if not any(run_dir.glob("*.xz")):
+        return run_dir
+    target = tmp / run_dir.name
+    target.mkdir()
+    for f in run_dir.iterdir():
+        if f.suffix == ".xz":
+            with lzma.open(f) as src, open(target / f.name.removesuffix(".xz"), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        else:
+            shutil.copy(f, target / f.name)
+    return target
+
+
 def accuracy(run_dir: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        est = classes(run_dir, False, Path(tmp))
-        meas = classes(run_dir, True, Path(tmp))
+        source = _unpacked(run_dir, Path(tmp))
+        est = classes(source, False, Path(tmp))
+        meas = classes(source, True, Path(tmp))
     both = est.merge(meas, on="kernel_id", suffixes=("_est", "_ncu"))
     both = both[both["evidence_ncu"] == "ncu"]
     agree = both["kernel_class_est"] == both["kernel_class_ncu"]
