@@ -23,6 +23,8 @@ EXPORTS = {
     "tiny_gemm_gelu": FIXTURES / "tiny_gemm_gelu.sqlite.xz",
     "gpt2_train_bf16": ROOT / "examples" / "gpt2_train_bf16.sqlite.xz",
     "mlp_decode": FIXTURES / "mlp_decode.sqlite.xz",
+    "input_pipeline_bad": FIXTURES / "input_pipeline_bad.sqlite.xz",
+    "input_pipeline_good": FIXTURES / "input_pipeline_good.sqlite.xz",
 }
 NCU_REPORTS = {
     "mlp_decode": FIXTURES / "mlp_decode.ncu-rep.xz",  # gpudiag profile --ncu, same run as the export

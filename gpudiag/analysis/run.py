@@ -17,7 +17,7 @@ import sqlite_utils
 
 from gpudiag import __version__, nvtx_names, store
 from gpudiag.analysis import peaks as peaks_mod
-from gpudiag.analysis.attribution import Steps, attribute, find_steps, window_index
+from gpudiag.analysis.attribution import Steps, attribute, find_steps, launch_calls, window_index
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.classify import classify
 from gpudiag.analysis.families import kernel_label
@@ -255,7 +255,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     measured = st[st["measured"]]
     n = len(measured)
     measured_ids = set(measured["step"])
-    k = kernels.assign(**{c: attribution[c].to_numpy() for c in ("step", "phase", "module", "module_class", "op")},
+    k = kernels.assign(**{c: attribution[c].to_numpy() for c in ("step", "phase", "module", "module_class", "op", "op_args")},
                        **{c: classes[c].to_numpy() for c in ("family", "kernel_class", "evidence", "intensity", "ridge", "efficiency",
                                                              "config_key", "flop", "math_path", "achieved_flop_per_s",
                                                              "achieved_bytes_per_s")})
@@ -322,6 +322,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         })
 
     in_module = km[km["module"] != ""]
+    recommendations = _recommendations(k, km, activities, idle, win, runtime_api, memcpy, steps, measured_ids,
+                                       detail_step, n, step_ns, device_peaks, ncu) if n else []
     module_texts = nvtx["text"].dropna()
     module_texts = module_texts[module_texts.str.startswith(nvtx_names.MODULE)].str[len(nvtx_names.MODULE):].drop_duplicates()
     split = module_texts.str.rsplit("|", n=1)
@@ -384,6 +386,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
                            "class_share_of_kernel_time_percent": _shares(km, "kernel_class")},
         "phases_ns_per_step": {p: float(v) for p, v in phases.items()},
         "top_kernels": top_kernels,
+        "recommendations": recommendations,
         "operator_classes": _operator_classes(km) if n else [],
         "roofline_points": (points := _roofline_points(km, n)) if n else [],
         "below_roof": sorted([p for p in (points if n else []) if p["lost_ns_per_step"] is not None],
@@ -404,6 +407,32 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "instrumentation": instrumentation,
         "warnings": warnings,
     }
+
+
+def _recommendations(k, km, activities, idle, win, runtime_api, memcpy, steps, measured_ids, detail_step, n, step_ns,
+                     device_peaks, ncu) -> list[dict]:
+    """Build the rules' context (measured steps only) and run them (:mod:`gpudiag.analysis.recommend`)."""
+    from gpudiag.analysis.recommend import RuleContext, recommend
+
+    def in_steps(df: pd.DataFrame) -> pd.DataFrame:
+        if df.empty:
+            return df.assign(step=pd.Series(dtype=int))
+        calls = launch_calls(df, runtime_api) if "correlation_id" in df and "name" not in df else df.rename(
+            columns={"start_ns": "api_start_ns"})[["api_start_ns"]]
+        idx = window_index(steps.table["start_ns"].to_numpy(), steps.table["end_ns"].to_numpy(),
+                           calls["api_start_ns"].to_numpy(dtype=float))
+        step = np.where(idx >= 0, steps.table["step"].to_numpy()[np.maximum(idx, 0)], -1)
+        return df.assign(step=step)[lambda d: d["step"].isin(measured_ids)]
+
+    # Idle before a step's first kernel is the input stall (copies such as the previous step's
+    # `.item()` may run earlier in the window, so "before the first kernel", not "at the window start").
+    first_kernel = km.groupby("step")["start_ns"].min()
+    idle_ctx = idle[idle["step"].isin(measured_ids)].copy()
+    idle_ctx["at_step_start"] = idle_ctx["end_ns"].to_numpy() <= idle_ctx["step"].map(first_kernel).to_numpy()
+    detail = k[(k["step"] == detail_step) & (k["op"] != "")] if detail_step is not None else k.iloc[0:0]
+    ctx = RuleContext(km=km, detail=detail, api=in_steps(runtime_api), memcpy=in_steps(memcpy), idle=idle_ctx,
+                      n_steps=n, step_ns=step_ns, peaks=device_peaks, ncu=ncu, measured_steps=sorted(measured_ids))
+    return recommend(ctx)
 
 
 def _num(value) -> float | None:

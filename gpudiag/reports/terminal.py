@@ -34,3 +34,12 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
                         fmt_ns(k["time_ns_per_step"]),
                         fmt_pct(k["share_of_kernel_time_percent"]), k["kernel_class"], k["evidence"])
     console.print(kernels)
+    recs = result.get("recommendations") or []
+    if recs:
+        table = Table(title="recommendations (by expected saving per step)", show_header=True, header_style="bold")
+        table.add_column("rule")
+        table.add_column("what", overflow="fold", max_width=60)
+        table.add_column("saving/step", justify="right")
+        for rec in recs[:5]:
+            table.add_row(Text(rec["rule_id"]), Text(rec["title"]), fmt_ns(rec["saving_ns_per_step"]))
+        console.print(table)

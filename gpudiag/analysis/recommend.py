@@ -1,0 +1,356 @@
+"""Recommendations: the classic optimizations, each detected from evidence in the capture.
+
+Every rule returns at most one :class:`Recommendation` with a stable ``rule_id``, the evidence
+(which kernels, ops or API calls, and how much time per measured step), the expected saving per
+step with how it was estimated, and how to apply the fix. The report lists them by saving.
+Thresholds are gpudiag's choices unless a source is named; each is stated in the rule.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from gpudiag.analysis.costmodel import CONTRACTION_OPS, _tensors
+from gpudiag.analysis.families import CONTRACTION_FAMILIES, kernel_label
+from gpudiag.analysis.peaks import DevicePeaks
+
+SYNC_APIS = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy(_v\d+)?$|cudaMemcpy2D(_v\d+)?$)")
+
+
+@dataclass
+class Recommendation:
+    rule_id: str
+    title: str
+    saving_ns_per_step: float
+    estimate: str  # how the saving was estimated
+    evidence: list[str]
+    how_to_fix: str
+    saving_percent_of_step: float | None = None
+
+
+@dataclass
+class RuleContext:
+    """What the rules look at, all restricted to the measured steps of one process.
+
+    km: kernels with attribution and class columns (duration_ns, name, short_name, family,
+    kernel_class, evidence, math_path, efficiency, phase, module, op, op_args, step, grid_*);
+    detail: the detail step's kernels (op and op_args set); api: runtime API calls with ``step``;
+    memcpy: copies with ``step``; idle: GPU-idle intervals with ``step``, ``host_bound`` and
+    ``at_step_start`` (idle before the step's first kernel); n_steps; step_ns (mean step time);
+    peaks; ncu (may be empty); measured_steps (their indices)."""
+
+    km: pd.DataFrame
+    detail: pd.DataFrame
+    api: pd.DataFrame
+    memcpy: pd.DataFrame
+    idle: pd.DataFrame
+    n_steps: int
+    step_ns: float
+    peaks: DevicePeaks
+    ncu: pd.DataFrame = field(default_factory=pd.DataFrame)
+    measured_steps: list[int] = field(default_factory=list)
+
+
+def _top(df: pd.DataFrame, n_steps: int, k: int = 3) -> list[str]:
+    g = df.groupby("name").agg(ns=("duration_ns", "sum"), short=("short_name", "first"), launches=("duration_ns", "size"))
+    g = g.sort_values("ns", ascending=False).head(k)
+    return [f"{kernel_label(name, row.short)}: {row.ns / n_steps / 1e3:.0f} µs/step ({row.launches / n_steps:.0f} launches)"
+            for name, row in g.iterrows()]
+
+
+def fp32_matmul(ctx: RuleContext) -> Recommendation | None:
+    """fp32 matrix math on the SIMT path (no tensor cores): compute-bound GEMM/conv kernels whose
+    math path is fp32. Saving: their time x (1 - fp32 peak / bf16 peak), i.e. the same efficiency
+    on the bf16 tensor-core roof; an upper bound, since the step may then become overhead-bound."""
+    k = ctx.km[ctx.km["family"].isin(CONTRACTION_FAMILIES) & (ctx.km["math_path"] == "fp32") & (ctx.km["kernel_class"] == "compute")]
+    if k.empty or not ctx.peaks.flops.get("bf16") or not ctx.peaks.flops.get("fp32"):
+        return None
+    ns = k["duration_ns"].sum() / ctx.n_steps
+    if ns < 0.05 * ctx.step_ns:  # under 5 % of the step: not worth a precision change
+        return None
+    ratio = ctx.peaks.flops["fp32"] / ctx.peaks.flops["bf16"]
+    tf32 = ctx.peaks.flops.get("tf32")
+    return Recommendation(
+        "GD-FP32-MATMUL", "fp32 matrix math runs on SIMT cores, not tensor cores", ns * (1 - ratio),
+        f"compute-bound fp32 GEMM/conv time x (1 - fp32 peak / bf16 peak = {ratio:.3f}); TF32 would give "
+        f"{ns * (1 - ctx.peaks.flops['fp32'] / tf32) / 1e6:.2f} ms" if tf32 else "compute-bound fp32 GEMM/conv time x (1 - fp32/bf16 peak)",
+        [f"{ns / 1e6:.2f} ms/step in compute-bound fp32 GEMM/conv kernels ({100 * ns / ctx.step_ns:.0f} % of the step)", *_top(k, ctx.n_steps)],
+        "Run the model under bf16 autocast (`with torch.autocast('cuda', dtype=torch.bfloat16):`), or allow TF32 "
+        "(`torch.backends.cuda.matmul.allow_tf32 = True`, `torch.backends.cudnn.allow_tf32 = True`).")
+
+
+def _misaligned(op: str, args: str) -> list[str]:
+    """The leading dimensions (K, N) of a contraction that are not multiples of 8 (16 for fp8):
+    NVIDIA's Matrix Multiplication Background User's Guide, "Tensor Core Requirements"."""
+    try:
+        tensors = _tensors(json.loads(args).get("in", []))
+    except ValueError:
+        return []
+    if op in ("aten::addmm", "aten::baddbmm"):
+        tensors = tensors[1:]
+    if len(tensors) < 2 or len(tensors[0][1]) < 2 or len(tensors[1][1]) < 2:
+        return []
+    dtype = tensors[0][0]
+    multiple = 16 if "float8" in dtype else 8
+    if dtype not in ("bfloat16", "float16") and "float8" not in dtype:
+        return []
+    k, n = tensors[0][1][-1], tensors[1][1][-1]
+    return [f"{label}={v}" for label, v in (("K", k), ("N", n)) if v % multiple]
+
+
+def gemm_alignment(ctx: RuleContext) -> Recommendation | None:
+    """GEMMs whose K or N is not a multiple of 8 (16 for fp8), from the shapes recorded on the
+    detail step. Saving: those kernels' time x (1 - their roofline efficiency / the median
+    efficiency of aligned contraction kernels of the same run), i.e. padded GEMMs assumed to run
+    as well as the aligned ones."""
+    d = ctx.detail[ctx.detail["op"].isin(CONTRACTION_OPS - {"aten::convolution", "aten::_convolution",
+                                                               "aten::cudnn_convolution", "aten::convolution_backward"})]
+    if d.empty:
+        return None
+    bad = d.assign(misaligned=[_misaligned(o, a) for o, a in zip(d["op"], d["op_args"])])
+    bad = bad[bad["misaligned"].str.len() > 0]
+    if bad.empty:
+        return None
+    configs = set(bad["config_key"])
+    k = ctx.km[ctx.km["config_key"].isin(configs)]
+    aligned = ctx.km[ctx.km["family"].isin(CONTRACTION_FAMILIES) & ~ctx.km["config_key"].isin(configs)]
+    reference = float(aligned["efficiency"].median()) if aligned["efficiency"].notna().any() else float("nan")
+    eff = k.groupby("config_key").agg(ns=("duration_ns", "sum"), eff=("efficiency", "median"))
+    if np.isfinite(reference):
+        saving = float((eff["ns"] * (1 - (eff["eff"] / reference).clip(upper=1))).fillna(0).sum()) / ctx.n_steps
+    else:
+        saving = 0.0
+    examples = bad.drop_duplicates("op_args").head(3)
+    shapes = [f"{op} {json.loads(args).get('in', [])[:3]} ({', '.join(dims)})"
+              for op, args, dims in zip(examples["op"], examples["op_args"], examples["misaligned"])]
+    return Recommendation(
+        "GD-GEMM-ALIGN", "GEMM dimensions are not multiples of 8", saving,
+        f"their time x (1 - efficiency / {reference:.2f}, the median roofline efficiency of this run's aligned contractions)"
+        if np.isfinite(reference) else "not estimated (no aligned contraction with a known efficiency)",
+        [f"{len(configs)} kernel configurations, {k['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step", *shapes, *_top(k, ctx.n_steps, 2)],
+        "Pad the dimension to a multiple of 8 (e.g. a vocabulary of 50257 to 50304, a 7x7 window's 49 tokens to 56) "
+        "and mask or slice the padding; NVIDIA's Matrix Multiplication guide: tensor cores need K and N multiples of 8 "
+        "(16 for fp8).")
+
+
+def overhead_bound(ctx: RuleContext) -> Recommendation | None:
+    """The GPU waits for kernel launches: host-bound idle between kernels (not at step start,
+    which :func:`input_stall` covers) above 15 % of the step. Saving: that idle time (what CUDA
+    Graphs would remove if launches were the only cost)."""
+    idle = ctx.idle[ctx.idle["host_bound"] & ~ctx.idle["at_step_start"]]
+    ns = idle["duration_ns"].sum() / ctx.n_steps
+    if ns < 0.15 * ctx.step_ns:
+        return None
+    short = ctx.km[ctx.km["kernel_class"] == "overhead"]
+    return Recommendation(
+        "GD-OVERHEAD-BOUND", "The GPU waits for the host to launch kernels", ns,
+        "host-bound GPU idle time between kernels per step (removed if launches were free)",
+        [f"{ns / 1e6:.2f} ms/step of GPU idle with an empty launch queue ({100 * ns / ctx.step_ns:.0f} % of the step), "
+         f"{len(idle) / ctx.n_steps:.0f} gaps/step",
+         f"{len(ctx.km) / ctx.n_steps:.0f} kernel launches/step, {len(short) / ctx.n_steps:.0f} of them overhead-bound"],
+        "Capture the step in a CUDA Graph (`torch.cuda.graphs`, or `torch.compile(model, mode=\"reduce-overhead\")`), "
+        "fuse small ops (`torch.compile`), or raise the batch size so each kernel does more work.")
+
+
+def host_syncs(ctx: RuleContext) -> Recommendation | None:
+    """Host synchronizations inside the step (cudaDeviceSynchronize, cudaStreamSynchronize,
+    cudaEventSynchronize, synchronous cudaMemcpy — e.g. ``.item()``, ``.cpu()``, printing a tensor).
+    Saving: the time the host was blocked in them (the queue drains while it waits)."""
+    s = ctx.api[ctx.api["name"].fillna("").str.match(SYNC_APIS)]
+    if s.empty:
+        return None
+    blocked = float((s["end_ns"] - s["start_ns"]).sum()) / ctx.n_steps
+    d2h = ctx.memcpy[ctx.memcpy["copy_kind"] == "Device-to-Host"]
+    names = s["name"].str.replace(r"_v\d+$", "", regex=True).value_counts()
+    return Recommendation(
+        "GD-HOST-SYNC", "The step synchronizes the host with the GPU", blocked,
+        "host time blocked in synchronizing calls per step",
+        [f"{len(s) / ctx.n_steps:.1f} synchronizing calls/step blocking the host {blocked / 1e6:.2f} ms/step: "
+         + ", ".join(f"{n} x{c / ctx.n_steps:.1f}" for n, c in names.items()),
+         f"{len(d2h) / ctx.n_steps:.1f} device-to-host copies/step ({d2h['bytes'].sum() / ctx.n_steps:.0f} bytes/step)"],
+        "Remove per-step `.item()`, `.cpu()`, `print(tensor)` and `torch.cuda.synchronize()`; accumulate metrics on the "
+        "GPU and read them every N steps; copy to the host with `non_blocking=True` into pinned memory.")
+
+
+def pageable_copies(ctx: RuleContext) -> Recommendation | None:
+    """Host<->device copies from or to pageable memory in the step (over 1 MB per step):
+    they are staged through a driver buffer and block the host. Saving: their transfer time
+    minus the same bytes at the pinned rate measured in this run (or the whole time if none)."""
+    m = ctx.memcpy
+    pageable = m[(m["src_kind"] == "Pageable") | (m["dst_kind"] == "Pageable")]
+    if pageable.empty or pageable["bytes"].sum() / ctx.n_steps < 1e6:
+        return None
+    ns = float(pageable["duration_ns"].sum()) / ctx.n_steps
+    pinned = m[(m["src_kind"] == "Pinned") | (m["dst_kind"] == "Pinned")]
+    rate = pinned["bytes"].sum() / pinned["duration_ns"].sum() if pinned["duration_ns"].sum() > 1e5 else None
+    saving = ns - (pageable["bytes"].sum() / ctx.n_steps) / rate if rate else ns
+    return Recommendation(
+        "GD-PAGEABLE-COPY", "Copies use pageable host memory", max(saving, 0.0),
+        "pageable copy time minus the same bytes at this run's pinned copy rate" if rate else "pageable copy time per step",
+        [f"{len(pageable) / ctx.n_steps:.1f} pageable copies/step, {pageable['bytes'].sum() / ctx.n_steps / 1e6:.1f} MB/step, "
+         f"{ns / 1e6:.2f} ms/step ({pageable['bytes'].sum() / max(pageable['duration_ns'].sum(), 1):.1f} GB/s)"],
+        "Allocate host batches in pinned memory (`DataLoader(pin_memory=True)`, `tensor.pin_memory()`) and copy with "
+        "`.to('cuda', non_blocking=True)`.")
+
+
+def input_stall(ctx: RuleContext) -> Recommendation | None:
+    """The GPU sits idle at the start of steps waiting for input: host-bound idle between the
+    previous step's last GPU work and this step's first kernel, median over the measured steps
+    (steps without any count 0) above 10 % of the step. Saving: that median idle time."""
+    start = ctx.idle[ctx.idle["host_bound"] & ctx.idle["at_step_start"]]
+    per_step = start.groupby("step")["duration_ns"].sum().reindex(ctx.measured_steps, fill_value=0)
+    median = float(per_step.median()) if len(per_step) else 0.0
+    if median < 0.10 * ctx.step_ns:
+        return None
+    return Recommendation(
+        "GD-INPUT-STALL", "The GPU waits for input data at the start of each step", median,
+        "median host-bound GPU idle at step start",
+        [f"{median / 1e6:.2f} ms of GPU idle before each step's first kernel (median over {len(per_step)} steps, "
+         f"{100 * median / ctx.step_ns:.0f} % of the step)"],
+        "Load and augment data in worker processes (`DataLoader(num_workers=N, persistent_workers=True, "
+        "prefetch_factor=2)`), pin memory, and move per-sample work off the training loop's thread.")
+
+
+def unfused_optimizer(ctx: RuleContext) -> Recommendation | None:
+    """The optimizer step launches many multi-tensor or per-tensor kernels (10 or more per step)
+    and no fused one. Saving: the launches a fused optimizer removes (all but ~2) x the measured
+    eager launch cost (host time, which bounds the step when it is overhead-bound)."""
+    opt = ctx.km[ctx.km["phase"] == "optimizer"]
+    if opt.empty or opt["name"].str.contains("fused_adam|FusedAdam|fused_sgd", case=False).any():
+        return None
+    per_step = len(opt) / ctx.n_steps
+    if per_step < 10:
+        return None
+    saving = (per_step - 2) * ctx.peaks.launch_overhead_ns
+    return Recommendation(
+        "GD-UNFUSED-OPTIMIZER", "The optimizer is not fused", saving,
+        f"({per_step:.0f} - 2) launches/step x {ctx.peaks.launch_overhead_ns / 1e3:.1f} µs eager launch cost",
+        [f"{per_step:.0f} optimizer kernels/step, {opt['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step of GPU time",
+         *_top(opt, ctx.n_steps, 2)],
+        "Use the fused implementation: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD).")
+
+
+def unfused_attention(ctx: RuleContext) -> Recommendation | None:
+    """Attention computed from separate kernels: a module whose forward runs bmm/matmul, softmax
+    and bmm/matmul (detail-step ops) instead of scaled_dot_product_attention. Saving: the softmax
+    and element-wise kernel time of those modules per step, forward and backward (what a fused
+    attention kernel keeps on chip)."""
+    d = ctx.detail[ctx.detail["module"] != ""]
+    ops = d.groupby("module")["op"].agg(set)  # one set per distinct module path
+
+    def subtree_ops(path: str) -> set:
+        return set().union(*(s for m, s in ops.items() if m == path or m.startswith(path + ".")))
+
+    modules = set()
+    for path in (m for m, s in ops.items() if "aten::_softmax" in s):
+        parts = path.split(".")
+        for depth in range(len(parts), max(len(parts) - 3, 0), -1):  # the softmax's module and up to 2 ancestors
+            candidate = ".".join(parts[:depth])
+            inside = subtree_ops(candidate)
+            if inside & {"aten::bmm", "aten::mm", "aten::matmul", "aten::baddbmm"}:
+                if not any(o.startswith("aten::_scaled_dot_product") for o in inside):
+                    modules.add(candidate)
+                break
+    if not modules:
+        return None
+    in_modules = ctx.km[ctx.km["module"].isin(modules) | ctx.km["module"].str.startswith(tuple(m + "." for m in modules))]
+    softmax_configs = set(ctx.detail.loc[ctx.detail["op"].str.startswith("aten::_softmax"), "config_key"])
+    memory = ctx.km[ctx.km["config_key"].isin(softmax_configs)]
+    saving = float(memory["duration_ns"].sum()) / ctx.n_steps
+    return Recommendation(
+        "GD-UNFUSED-ATTENTION", "Attention is built from separate bmm, softmax and bmm kernels", saving,
+        "softmax kernel time per step (forward and backward), which fused attention keeps on chip",
+        [f"{len(modules)} modules, e.g. {', '.join(sorted(modules)[:3])}",
+         f"{in_modules['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step of forward kernels in them, "
+         f"{saving / 1e6:.2f} ms/step in their softmax kernels"],
+        "Call `torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)` (FlashAttention / "
+        "memory-efficient kernels) instead of `softmax(q @ k.transpose(-2, -1) * scale + bias) @ v`.")
+
+
+def small_grids(ctx: RuleContext) -> Recommendation | None:
+    """Long kernels whose grid is under one wave (fewer blocks than SMs) and take over 5 % of the
+    step in total: most SMs idle while they run. Saving: their time x (1 - blocks / SMs), the
+    idle-SM share, if the work could be split across all SMs."""
+    sms = max(ctx.peaks.sm_count, 1)
+    blocks = ctx.km[["grid_x", "grid_y", "grid_z"]].fillna(1).prod(axis=1)
+    k = ctx.km[(blocks < sms) & (ctx.km["duration_ns"] > 20_000)]
+    if k.empty or k["duration_ns"].sum() / ctx.n_steps < 0.05 * ctx.step_ns:
+        return None
+    saving = float((k["duration_ns"] * (1 - blocks[k.index] / sms)).sum()) / ctx.n_steps
+    return Recommendation(
+        "GD-SMALL-GRID", "Long kernels run on a fraction of the SMs (grid under one wave)", saving,
+        "their time x (1 - blocks / SMs)",
+        [f"{k['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step in kernels over 20 µs with fewer than {sms} blocks",
+         *_top(k, ctx.n_steps)],
+        "Batch the work (larger batch, or horizontal fusion of independent small ops), use split-K for skinny GEMMs, "
+        "or pick a kernel with more parallelism.")
+
+
+def spills(ctx: RuleContext) -> Recommendation | None:
+    """Kernels that use local memory (register spills or stack arrays: CUPTI's
+    localMemoryPerThread > 0) and take over 2 % of the step. Saving: not estimated (it depends on
+    the traffic; ncu's memory workload analysis measures it)."""
+    k = ctx.km[ctx.km["local_mem_per_thread_bytes"].fillna(0) > 0]
+    if k.empty or k["duration_ns"].sum() / ctx.n_steps < 0.02 * ctx.step_ns:
+        return None
+    return Recommendation(
+        "GD-LOCAL-MEMORY", "Kernels spill registers to local memory", 0.0, "not estimated",
+        [f"{k['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step in kernels with local memory "
+         f"(up to {int(k['local_mem_per_thread_bytes'].max())} bytes/thread)", *_top(k, ctx.n_steps)],
+        "For your own kernels: lower the register pressure (smaller tiles, fewer live values) or raise the register "
+        "cap; for library kernels: try another algorithm (e.g. `torch.backends.cudnn.benchmark = True`).")
+
+
+def low_occupancy(ctx: RuleContext) -> Recommendation | None:
+    """From Nsight Compute: kernels with achieved occupancy under 25 % that take over 5 % of the
+    step. Saving: not estimated (occupancy is a symptom; ncu's source view tells the cause)."""
+    if ctx.ncu.empty:
+        return None
+    low = ctx.ncu[(ctx.ncu["achieved_occupancy_percent"] < 25) & (ctx.ncu["duration_ns"] > 10_000)]
+    names = set(low["name"])
+    k = ctx.km[ctx.km["name"].isin(names)]
+    if k.empty or k["duration_ns"].sum() / ctx.n_steps < 0.05 * ctx.step_ns:
+        return None
+    return Recommendation(
+        "GD-LOW-OCCUPANCY", "Kernels run at low achieved occupancy (Nsight Compute)", 0.0, "not estimated",
+        [f"{k['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step in kernels under 25 % achieved occupancy",
+         *_top(k, ctx.n_steps)],
+        "Check the kernels' launch configuration and limiters (registers, shared memory) in ncu's Occupancy section.")
+
+
+def inference_quantization(ctx: RuleContext) -> Recommendation | None:
+    """Inference steps (no backward phase) where tensor contractions take over half the step on a
+    busy GPU: FP8 (or INT8) GEMMs are an option. Saving: contraction time x (1 - bf16 peak / fp8
+    peak), an upper bound that ignores accuracy and scaling costs."""
+    if (ctx.km["phase"] == "backward").any() or not ctx.peaks.flops.get("fp8") or not ctx.peaks.flops.get("bf16"):
+        return None
+    gemm = ctx.km[ctx.km["family"].isin(CONTRACTION_FAMILIES) & ctx.km["math_path"].isin(["bf16", "fp16"])]
+    ns = gemm["duration_ns"].sum() / ctx.n_steps
+    if ns < 0.5 * ctx.step_ns:
+        return None
+    ratio = ctx.peaks.flops["bf16"] / ctx.peaks.flops["fp8"]
+    return Recommendation(
+        "GD-FP8-INFERENCE", "Inference is dominated by bf16/fp16 GEMMs: FP8 or INT8 could speed them up", ns * (1 - ratio),
+        f"bf16/fp16 contraction time x (1 - bf16 peak / fp8 peak = {ratio:.2f})",
+        [f"{ns / 1e6:.2f} ms/step in bf16/fp16 contractions ({100 * ns / ctx.step_ns:.0f} % of the step)", *_top(gemm, ctx.n_steps)],
+        "Quantize the linear layers to FP8 (e.g. torchao float8 or Transformer Engine) or INT8, and check accuracy.")
+
+
+RULES = (fp32_matmul, gemm_alignment, overhead_bound, host_syncs, pageable_copies, input_stall, unfused_optimizer,
+         unfused_attention, small_grids, spills, low_occupancy, inference_quantization)
+
+
+def recommend(ctx: RuleContext) -> list[dict]:
+    """Every rule's recommendation (those that fired), by expected saving, as plain dicts."""
+    out = []
+    for rule in RULES:
+        rec = rule(ctx)
+        if rec is not None:
+            rec.saving_percent_of_step = 100.0 * rec.saving_ns_per_step / ctx.step_ns if ctx.step_ns else None
+            out.append(asdict(rec))
+    return sorted(out, key=lambda r: -r["saving_ns_per_step"])

@@ -1,0 +1,65 @@
+"""Recommendation rules, each shown firing on a real capture that has the problem and staying
+silent on one that does not (all captured on an H200, see tests/fixtures and docs/notes)."""
+
+from __future__ import annotations
+
+import pytest
+
+POSITIVE_NEGATIVE = {
+    "GD-FP32-MATMUL": ("swin_t_train_fp32", "swin_t_train_bf16"),
+    "GD-GEMM-ALIGN": ("gpt2_train_bf16", "mlp_decode"),
+    "GD-OVERHEAD-BOUND": ("mlp_decode", "gpt2_train_bf16"),
+    "GD-HOST-SYNC": ("input_pipeline_bad", "input_pipeline_good"),
+    "GD-PAGEABLE-COPY": ("input_pipeline_bad", "input_pipeline_good"),
+    "GD-INPUT-STALL": ("input_pipeline_bad", "swin_t_train_bf16"),
+    "GD-UNFUSED-OPTIMIZER": ("input_pipeline_bad", "input_pipeline_good"),
+    "GD-UNFUSED-ATTENTION": ("swin_t_train_bf16", "gpt2_train_bf16"),
+    "GD-SMALL-GRID": ("gpt2_train_bf16", "swin_t_train_bf16"),
+}
+
+
+def rules(analysed, name: str) -> dict:
+    _, report = analysed(name)
+    return {r["rule_id"]: r for r in report["recommendations"]}
+
+
+@pytest.mark.parametrize("rule_id", sorted(POSITIVE_NEGATIVE))
+def test_rule_fires_on_the_problem_and_not_without_it(analysed, rule_id):
+    positive, negative = POSITIVE_NEGATIVE[rule_id]
+    fired = rules(analysed, positive)
+    assert rule_id in fired, f"{rule_id} did not fire on {positive}"
+    rec = fired[rule_id]
+    assert rec["evidence"] and rec["how_to_fix"] and rec["estimate"]
+    assert rec["saving_ns_per_step"] >= 0
+    assert rule_id not in rules(analysed, negative), f"{rule_id} fired on {negative}"
+
+
+def test_recommendations_are_sorted_by_saving(analysed):
+    _, report = analysed("input_pipeline_bad")
+    savings = [r["saving_ns_per_step"] for r in report["recommendations"]]
+    assert savings == sorted(savings, reverse=True)
+    assert report["recommendations"][0]["rule_id"] == "GD-INPUT-STALL"
+
+
+def test_predicted_savings_match_the_fixed_run(analysed):
+    """The bad-practice run's recommendations predict what fixing them saves: the good-practice run
+    of the same model (workers, pinned memory, no .item(), fused AdamW) is 29.2 ms/step faster on the
+    H200; the rules predicted 29.4 ms. Within 15 %."""
+    _, bad = analysed("input_pipeline_bad")
+    _, good = analysed("input_pipeline_good")
+    fixed = {"GD-INPUT-STALL", "GD-HOST-SYNC", "GD-PAGEABLE-COPY", "GD-UNFUSED-OPTIMIZER"}
+    predicted = sum(r["saving_ns_per_step"] for r in bad["recommendations"] if r["rule_id"] in fixed)
+    measured = bad["steps"]["step_time_ns"]["median"] - good["steps"]["step_time_ns"]["median"]
+    assert measured > 20e6
+    assert abs(predicted / measured - 1) < 0.15
+
+
+def test_evidence_names_the_real_culprits(analysed):
+    align = rules(analysed, "gpt2_train_bf16")["GD-GEMM-ALIGN"]
+    assert any("50257" in e for e in align["evidence"])  # GPT-2's vocabulary
+    swin_align = rules(analysed, "swin_t_train_bf16")["GD-GEMM-ALIGN"]
+    assert any("49" in e for e in swin_align["evidence"])  # Swin's 7x7 windows
+    sync = rules(analysed, "input_pipeline_bad")["GD-HOST-SYNC"]
+    assert "cudaStreamSynchronize" in sync["evidence"][0]
+    attention = rules(analysed, "swin_t_train_bf16")["GD-UNFUSED-ATTENTION"]
+    assert "layers.0.blocks.0.attn" in attention["evidence"][0]
