@@ -155,3 +155,14 @@ def test_cost_model_per_op_class():
     flash_bwd = op_cost("aten::_scaled_dot_product_flash_attention_backward",
                         payload("aten::_scaled_dot_product_flash_attention_backward", ["bfloat16[8,12,512,64]"] * 4, None))
     assert flash_bwd.flop == 2.5 * flash.flop
+
+
+def test_inference_mode_ops_are_costed():
+    """Under torch.inference_mode, linear/conv2d/SDPA reach the dispatcher undecomposed."""
+    lin = op_cost("aten::linear", payload("aten::linear", ["bfloat16[4096,1024]", "bfloat16[4096,1024]", "bfloat16[4096]"],
+                                          "bfloat16[4096,4096]"))
+    assert lin.flop == 2 * 4096 * 4096 * 1024 and lin.math_path == "bf16"
+    mm3 = op_cost("aten::matmul", payload("aten::matmul", ["bfloat16[8,12,512,64]", "bfloat16[8,12,64,512]"], "bfloat16[8,12,512,512]"))
+    assert mm3.flop == 2 * 96 * 512 * 512 * 64
+    conv = op_cost("aten::conv2d", payload("aten::conv2d", ["float32[8,3,32,32]", "float32[16,3,3,3]"], "float32[8,16,30,30]"))
+    assert conv.flop == 2 * 8 * 16 * 30 * 30 * 3 * 3 * 3

@@ -15,6 +15,7 @@ POSITIVE_NEGATIVE = {
     "GD-UNFUSED-OPTIMIZER": ("input_pipeline_bad", "input_pipeline_good"),
     "GD-UNFUSED-ATTENTION": ("swin_t_train_bf16", "gpt2_train_bf16"),
     "GD-SMALL-GRID": ("gpt2_train_bf16", "swin_t_train_bf16"),
+    "GD-FP8-INFERENCE": ("mlp_inference_b4096", "mlp_decode"),  # GEMM-bound inference vs launch-bound decode
 }
 
 

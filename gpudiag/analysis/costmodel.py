@@ -3,8 +3,9 @@ recorded on the detail step (the ``gpudiag:op`` NVTX payload).
 
 - bytes: every tensor input read once plus every output written once (the minimum traffic,
   Williams et al. 2009, "Roofline", CACM 52(4)).
-- FLOPs: contractions use 2 FLOP per multiply-add: mm/addmm 2·M·N·K, bmm/baddbmm 2·B·M·N·K
-  (``linear`` and ``matmul`` reach the dispatcher as these), convolution
+- FLOPs: contractions use 2 FLOP per multiply-add: mm/addmm/linear/matmul 2·M·N·K (times the
+  broadcast batch), bmm/baddbmm 2·B·M·N·K (with autograd on, linear and matmul reach the dispatcher
+  as these; under ``inference_mode`` as themselves), convolution
   2·N·Cout·Hout·Wout·(Cin/groups)·kh·kw (backward: twice the forward, for the input and weight
   gradients; transposed convolutions are not modelled), scaled-dot-product attention 4·B·H·L·S·D
   (backward 2.5x the forward: Dao et al. 2022, "FlashAttention", section 3.1 and appendix B).
@@ -39,8 +40,10 @@ DTYPE_PATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64
               "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "int8": "int8"}
 
 MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
-CONV_OPS = {"aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::convolution_backward"}
-SDPA_PREFIXES = ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient_attention")
+CONV_OPS = {"aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::convolution_backward",
+            "aten::conv1d", "aten::conv2d", "aten::conv3d"}
+SDPA_PREFIXES = ("aten::_scaled_dot_product", "aten::scaled_dot_product_attention", "aten::_flash_attention",
+                 "aten::_efficient_attention")
 
 DATA_MOVEMENT_OPS = {
     "aten::_to_copy", "aten::copy_", "aten::clone", "aten::cat", "aten::stack", "aten::index", "aten::index_select",
@@ -116,9 +119,15 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
     path = DTYPE_PATH.get(dtype, "fp32")
     shapes = [s for _, s in ins]
     flop = None
-    if op in ("aten::mm", "aten::matmul") and len(shapes) >= 2 and len(shapes[0]) == 2 and len(shapes[1]) == 2:
-        (m, k), (_, n) = shapes[0], shapes[1]
-        flop = 2.0 * m * n * k
+    if op in ("aten::mm", "aten::matmul") and len(shapes) >= 2 and len(shapes[0]) >= 2 and len(shapes[1]) >= 2:
+        # matmul broadcasts leading dimensions: batch = elements of the output over its last two dims
+        m, k, n = shapes[0][-2], shapes[0][-1], shapes[1][-1]
+        batch = max(_numel(shapes[0][:-2]), _numel(shapes[1][:-2]))
+        flop = 2.0 * batch * m * n * k
+    elif op == "aten::linear" and len(shapes) >= 2 and len(shapes[1]) == 2:
+        # inference mode reaches the dispatcher as linear: x (..., K) times weight (N, K)^T
+        (n, k), rows = shapes[1], _numel(shapes[0][:-1])
+        flop = 2.0 * rows * n * k
     elif op == "aten::addmm" and len(shapes) >= 3:
         (m, k), (_, n) = shapes[1][-2:], shapes[2][-2:]
         flop = 2.0 * m * n * k

@@ -291,38 +291,6 @@ def small_grids(ctx: RuleContext) -> Recommendation | None:
         "or pick a kernel with more parallelism.")
 
 
-def spills(ctx: RuleContext) -> Recommendation | None:
-    """Kernels that use local memory (register spills or stack arrays: CUPTI's
-    localMemoryPerThread > 0) and take over 2 % of the step. Saving: not estimated (it depends on
-    the traffic; ncu's memory workload analysis measures it)."""
-    k = ctx.km[ctx.km["local_mem_per_thread_bytes"].fillna(0) > 0]
-    if k.empty or k["duration_ns"].sum() / ctx.n_steps < 0.02 * ctx.step_ns:
-        return None
-    return Recommendation(
-        "GD-LOCAL-MEMORY", "Kernels spill registers to local memory", 0.0, "not estimated",
-        [f"{k['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step in kernels with local memory "
-         f"(up to {int(k['local_mem_per_thread_bytes'].max())} bytes/thread)", *_top(k, ctx.n_steps)],
-        "For your own kernels: lower the register pressure (smaller tiles, fewer live values) or raise the register "
-        "cap; for library kernels: try another algorithm (e.g. `torch.backends.cudnn.benchmark = True`).")
-
-
-def low_occupancy(ctx: RuleContext) -> Recommendation | None:
-    """From Nsight Compute: kernels with achieved occupancy under 25 % that take over 5 % of the
-    step. Saving: not estimated (occupancy is a symptom; ncu's source view tells the cause)."""
-    if ctx.ncu.empty:
-        return None
-    low = ctx.ncu[(ctx.ncu["achieved_occupancy_percent"] < 25) & (ctx.ncu["duration_ns"] > 10_000)]
-    names = set(low["name"])
-    k = ctx.km[ctx.km["name"].isin(names)]
-    if k.empty or k["duration_ns"].sum() / ctx.n_steps < 0.05 * ctx.step_ns:
-        return None
-    return Recommendation(
-        "GD-LOW-OCCUPANCY", "Kernels run at low achieved occupancy (Nsight Compute)", 0.0, "not estimated",
-        [f"{k['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step in kernels under 25 % achieved occupancy",
-         *_top(k, ctx.n_steps)],
-        "Check the kernels' launch configuration and limiters (registers, shared memory) in ncu's Occupancy section.")
-
-
 def inference_quantization(ctx: RuleContext) -> Recommendation | None:
     """Inference steps (no backward phase) where tensor contractions take over half the step on a
     busy GPU: FP8 (or INT8) GEMMs are an option. Saving: contraction time x (1 - bf16 peak / fp8
@@ -341,8 +309,11 @@ def inference_quantization(ctx: RuleContext) -> Recommendation | None:
         "Quantize the linear layers to FP8 (e.g. torchao float8 or Transformer Engine) or INT8, and check accuracy.")
 
 
+# Not yet rules: register spills and low occupancy (they need ncu's MemoryWorkloadAnalysis and
+# SourceCounters sections, and a capture that shows them; CUPTI's localMemoryPerThread stayed 0 even
+# for a kernel indexing a 256-float local array), uncoalesced access, multi-stream opportunities.
 RULES = (fp32_matmul, gemm_alignment, overhead_bound, host_syncs, pageable_copies, input_stall, unfused_optimizer,
-         unfused_attention, small_grids, spills, low_occupancy, inference_quantization)
+         unfused_attention, small_grids, inference_quantization)
 
 
 def recommend(ctx: RuleContext) -> list[dict]:
