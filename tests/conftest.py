@@ -26,6 +26,7 @@ EXPORTS = {
     "input_pipeline_bad": FIXTURES / "input_pipeline_bad.sqlite.xz",
     "input_pipeline_good": FIXTURES / "input_pipeline_good.sqlite.xz",
     "mlp_inference_b4096": FIXTURES / "mlp_inference_b4096.sqlite.xz",
+    "rmsnorm_train": FIXTURES / "rmsnorm_train.sqlite.xz",
 }
 NCU_REPORTS = {
     "mlp_decode": FIXTURES / "mlp_decode.ncu-rep.xz",  # gpudiag profile --ncu, same run as the export

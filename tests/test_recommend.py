@@ -16,6 +16,7 @@ POSITIVE_NEGATIVE = {
     "GD-UNFUSED-ATTENTION": ("swin_t_train_bf16", "gpt2_train_bf16"),
     "GD-SMALL-GRID": ("gpt2_train_bf16", "swin_t_train_bf16"),
     "GD-FP8-INFERENCE": ("mlp_inference_b4096", "mlp_decode"),  # GEMM-bound inference vs launch-bound decode
+    "GD-UNFUSED-NORM": ("rmsnorm_train", "gpt2_train_bf16"),  # hand-written RMSNorm vs nn.LayerNorm
 }
 
 

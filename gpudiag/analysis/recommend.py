@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis.costmodel import CONTRACTION_OPS, _tensors
+from gpudiag.analysis.costmodel import CONTRACTION_OPS, ITEMSIZE, _tensors
 from gpudiag.analysis.families import CONTRACTION_FAMILIES, kernel_label
 from gpudiag.analysis.peaks import DevicePeaks
 
@@ -272,6 +272,40 @@ def unfused_attention(ctx: RuleContext) -> Recommendation | None:
         "memory-efficient kernels) instead of `softmax(q @ k.transpose(-2, -1) * scale + bias) @ v`.")
 
 
+def unfused_norm(ctx: RuleContext) -> Recommendation | None:
+    """A normalization module (class name with "Norm") whose forward launches 3 or more kernels per
+    call and no normalization kernel: LayerNorm/RMSNorm written op by op. Saving: their forward
+    kernel time minus, per call, one fused pass (read the largest input tensor once, write it once,
+    at peak bandwidth); the backward is unfused too and not counted, so this is a lower bound."""
+    k = ctx.km[ctx.km["module_class"].str.contains("norm", case=False, na=False)]
+    if k.empty:
+        return None
+    per_module = k.groupby("module").agg(kernels=("duration_ns", "size"), ns=("duration_ns", "sum"),
+                                         fused=("family", lambda f: (f == "norm").any()))
+    unfused = per_module[(per_module["kernels"] / ctx.n_steps >= 3) & ~per_module["fused"]]
+    if unfused.empty:
+        return None
+    largest = 0.0
+    detail = ctx.detail[ctx.detail["module"].isin(unfused.index)]
+    for args in detail["op_args"].drop_duplicates():  # one parse per distinct op text
+        try:
+            tensors = _tensors(json.loads(args).get("in", []))
+        except ValueError:
+            continue
+        largest = max([largest] + [float(np.prod(s)) * ITEMSIZE.get(d, 4) for d, s in tensors])
+    ns = float(unfused["ns"].sum()) / ctx.n_steps
+    floor = len(unfused) * 2 * largest / ctx.peaks.bandwidth * 1e9 if ctx.peaks.bandwidth else 0.0
+    classes = sorted(set(k.loc[k["module"].isin(unfused.index), "module_class"]))
+    return Recommendation(
+        "GD-UNFUSED-NORM", "Normalization is written op by op (several kernels per call)", max(ns - floor, 0.0),
+        f"forward kernel time minus one fused pass per call ({len(unfused)} calls x 2 x {largest / 1e6:.1f} MB at peak "
+        "bandwidth); backward not counted",
+        [f"{len(unfused)} {', '.join(classes)} modules, {unfused['kernels'].sum() / ctx.n_steps / len(unfused):.0f} kernels "
+         f"per call, {ns / 1e6:.2f} ms/step of forward kernel time", *_top(k[k["module"].isin(unfused.index)], ctx.n_steps, 2)],
+        "Use the fused kernels: `torch.nn.RMSNorm` / `torch.nn.functional.rms_norm`, `torch.nn.LayerNorm`, or "
+        "`torch.compile` on the module.")
+
+
 def small_grids(ctx: RuleContext) -> Recommendation | None:
     """Long kernels whose grid is under one wave (fewer blocks than SMs) and take over 5 % of the
     step in total: most SMs idle while they run. Saving: their time x (1 - blocks / SMs), the
@@ -313,7 +347,7 @@ def inference_quantization(ctx: RuleContext) -> Recommendation | None:
 # SourceCounters sections, and a capture that shows them; CUPTI's localMemoryPerThread stayed 0 even
 # for a kernel indexing a 256-float local array), uncoalesced access, multi-stream opportunities.
 RULES = (fp32_matmul, gemm_alignment, overhead_bound, host_syncs, pageable_copies, input_stall, unfused_optimizer,
-         unfused_attention, small_grids, inference_quantization)
+         unfused_attention, unfused_norm, small_grids, inference_quantization)
 
 
 def recommend(ctx: RuleContext) -> list[dict]:
