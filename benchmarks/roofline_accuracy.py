@@ -42,7 +42,8 @@ def classes(run_dir: Path, with_ncu: bool, tmp: Path) -> pd.DataFrame:
     steps = store.read_table(db, "steps")
     a = store.read_table(db, "kernel_attribution")[["kernel_id", "step"]]
     measured = set(steps.loc[steps["measured"].astype(bool), "step"])
-    return k.merge(c, on="kernel_id").merge(a, on="kernel_id").query("step in @measured")
+    merged = k.merge(c, on="kernel_id").merge(a, on="kernel_id")
+    return merged[merged["step"].isin(measured)]
 
 
 def _relative_error(estimate: pd.Series, measured: pd.Series, weight: pd.Series) -> tuple[float, float]:

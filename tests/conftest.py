@@ -34,21 +34,25 @@ NCU_REPORTS = {
 }
 
 
-@pytest.fixture(scope="session")
-def export_path(tmp_path_factory):
-    """Function name -> path of the decompressed export (cached for the session)."""
-    folder = tmp_path_factory.mktemp("exports")
+def _decompressing(folder: Path, sources: dict[str, Path], suffix: str):
+    """name -> path of the decompressed copy of ``sources[name]`` in ``folder`` (made once)."""
     cache: dict[str, Path] = {}
 
     def get(name: str) -> Path:
         if name not in cache:
-            target = folder / f"{name}.sqlite"
-            with lzma.open(EXPORTS[name]) as src, open(target, "wb") as dst:
+            target = folder / f"{name}{suffix}"
+            with lzma.open(sources[name]) as src, open(target, "wb") as dst:
                 shutil.copyfileobj(src, dst)
             cache[name] = target
         return cache[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def export_path(tmp_path_factory):
+    """Function name -> path of the decompressed export (cached for the session)."""
+    return _decompressing(tmp_path_factory.mktemp("exports"), EXPORTS, ".sqlite")
 
 
 def status_of(name: str) -> dict | None:
@@ -59,18 +63,7 @@ def status_of(name: str) -> dict | None:
 @pytest.fixture(scope="session")
 def ncu_path(tmp_path_factory):
     """Function name -> path of the decompressed Nsight Compute report (cached)."""
-    folder = tmp_path_factory.mktemp("ncu")
-    cache: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in cache:
-            target = folder / f"{name}.ncu-rep"
-            with lzma.open(NCU_REPORTS[name]) as src, open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            cache[name] = target
-        return cache[name]
-
-    return get
+    return _decompressing(tmp_path_factory.mktemp("ncu"), NCU_REPORTS, ".ncu-rep")
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ import json
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 from rich.console import Console

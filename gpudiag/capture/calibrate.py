@@ -66,6 +66,15 @@ def _time_ms(fn, warmup: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _copy_ms(size_bytes: int, dev) -> float:
+    """Median ms of a device-to-device copy of ``size_bytes`` (its buffers are freed on return)."""
+    import torch
+
+    src = torch.empty(size_bytes // 4, dtype=torch.float32, device=dev).uniform_()
+    dst = torch.empty_like(src)
+    return _time_ms(lambda: dst.copy_(src), warmup=3, repeats=20)
+
+
 def measure(size_bytes: int = 2 << 30, n: int = 8192, echo=print) -> dict:
     """Measure the present GPU (device 0). Returns the calibration entry: gpu, driver_version,
     measured_unix_s, copy_bytes_per_s, matmul_flop_per_s {bf16, fp16, tf32, fp32[, fp8]},
@@ -76,12 +85,8 @@ def measure(size_bytes: int = 2 << 30, n: int = 8192, echo=print) -> dict:
         raise RuntimeError("no CUDA GPU visible to PyTorch: run gpudiag calibrate on the GPU machine")
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name(dev)
-    src = torch.empty(size_bytes // 4, dtype=torch.float32, device=dev).uniform_()
-    dst = torch.empty_like(src)
-    copy_ms = _time_ms(lambda: dst.copy_(src), warmup=3, repeats=20)
-    copy_rate = 2 * size_bytes / (copy_ms * 1e-3)
+    copy_rate = 2 * size_bytes / (_copy_ms(size_bytes, dev) * 1e-3)
     echo(f"copy: {copy_rate / 1e12:.2f} TB/s (read + write)")
-    del src, dst
 
     rates = {}
     previous_tf32 = torch.backends.cuda.matmul.allow_tf32

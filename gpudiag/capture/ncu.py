@@ -9,15 +9,13 @@ precision, tensor-core ops, DRAM bytes) plus LaunchStats and Occupancy, with
 
 from __future__ import annotations
 
-import glob
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
 from gpudiag import nvtx_names
-from gpudiag.capture.nsys import ToolNotFound, _version_key
+from gpudiag.capture.nsys import locate_tool
 
 KNOWN_GLOBS = ("/opt/nvidia/nsight-compute/*/ncu", "/usr/local/cuda/bin/ncu", "/usr/local/cuda-*/bin/ncu")
 INSTALL_HINT = ("install Nsight Compute (https://developer.nvidia.com/nsight-compute, part of the CUDA toolkit) "
@@ -33,19 +31,8 @@ _REGEX_SPECIAL = re.compile(r"([\\^$.|?*+()\[\]{}])")
 
 def locate_ncu() -> Path:
     """Path of the ncu executable ($GPUDIAG_NCU, PATH, known install folders). Raises ToolNotFound."""
-    explicit = os.environ.get("GPUDIAG_NCU")
-    if explicit:
-        if Path(explicit).is_file() and os.access(explicit, os.X_OK):
-            return Path(explicit)
-        raise ToolNotFound(f"$GPUDIAG_NCU {explicit}: not an executable file; {INSTALL_HINT}")
-    found = shutil.which("ncu")
-    if found:
-        return Path(found)
-    for pattern in KNOWN_GLOBS:
-        hits = sorted(glob.glob(pattern), key=_version_key)
-        if hits:
-            return Path(hits[-1])
-    raise ToolNotFound(f"ncu (Nsight Compute) not found; {INSTALL_HINT}")
+    return locate_tool("ncu", ((os.environ.get("GPUDIAG_NCU"), "$GPUDIAG_NCU"),), KNOWN_GLOBS, INSTALL_HINT,
+                       "Nsight Compute")
 
 
 def name_regex(names: list[str]) -> str:

@@ -36,22 +36,30 @@ def _version_key(path: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
 
 
-def locate_nsys(explicit: str | None = None) -> Path:
-    """Path of the nsys executable. Raises :class:`ToolNotFound` with an install hint."""
-    for candidate, origin in ((explicit, "--nsys"), (os.environ.get("GPUDIAG_NSYS"), "$GPUDIAG_NSYS")):
+def locate_tool(tool: str, explicit: tuple[tuple[str | None, str], ...], known_globs: tuple[str, ...],
+                hint: str, description: str) -> Path:
+    """First hit of: the ``explicit`` (value, origin) pairs (which must be executable files), PATH,
+    then ``known_globs`` (newest version first). Raises :class:`ToolNotFound` naming ``hint``."""
+    for candidate, origin in explicit:
         if candidate:
             path = Path(candidate)
             if path.is_file() and os.access(path, os.X_OK):
                 return path
-            raise ToolNotFound(f"{origin} {candidate}: not an executable file; {INSTALL_HINT}")
-    found = shutil.which("nsys")
+            raise ToolNotFound(f"{origin} {candidate}: not an executable file; {hint}")
+    found = shutil.which(tool)
     if found:
         return Path(found)
-    for pattern in KNOWN_GLOBS:
+    for pattern in known_globs:
         hits = sorted(glob.glob(pattern), key=_version_key)
         if hits:
             return Path(hits[-1])  # newest version sorts last
-    raise ToolNotFound(f"nsys (Nsight Systems) not found; {INSTALL_HINT}")
+    raise ToolNotFound(f"{tool} ({description}) not found; {hint}")
+
+
+def locate_nsys(explicit: str | None = None) -> Path:
+    """Path of the nsys executable. Raises :class:`ToolNotFound` with an install hint."""
+    return locate_tool("nsys", ((explicit, "--nsys"), (os.environ.get("GPUDIAG_NSYS"), "$GPUDIAG_NSYS")),
+                       KNOWN_GLOBS, INSTALL_HINT, "Nsight Systems")
 
 
 def profile_command(nsys: Path, report_base: Path, launcher_args: list[str]) -> list[str]:

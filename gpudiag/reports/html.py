@@ -3,7 +3,6 @@ template with autoescaping on, so kernel names (``<``, ``>``, ``&``) are shown, 
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 import html
