@@ -50,6 +50,11 @@ def test_html_escapes_every_string_and_needs_no_network(analysed):
     assert not re.search(r"<link[^>]*\shref=", page)
 
 
+def test_code_spans_escape_before_formatting():
+    assert str(html.code_spans("use `fused=True` <b>now</b> & `a<b`")) == \
+        "use <code>fused=True</code> &lt;b&gt;now&lt;/b&gt; &amp; <code>a&lt;b</code>"
+
+
 def test_terminal_summary(analysed):
     _, report = analysed("swin_t_train_bf16_crash")
     console = Console(record=True, width=140)

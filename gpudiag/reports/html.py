@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import html
+import re
 
 import jinja2
+import markupsafe
 import plotly.graph_objects as go
 import plotly.io as pio
 import plotly.offline
@@ -17,13 +19,20 @@ from gpudiag.reports import units
 CLASS_COLORS = {"compute": "#4c78a8", "bandwidth": "#f58518", "overhead": "#e45756", "idle": "#bab0ac"}
 
 
+def code_spans(text: str) -> markupsafe.Markup:
+    """``text`` escaped, then each `backticked` span shown as <code> (escaping comes first, so the
+    text can never inject markup)."""
+    escaped = str(markupsafe.escape(text))
+    return markupsafe.Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped))
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("gpudiag", "templates"),
         autoescape=jinja2.select_autoescape(["html"]),
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(ns=units.fmt_ns, pct=units.fmt_pct, num=units.fmt_num)
+    env.filters.update(ns=units.fmt_ns, pct=units.fmt_pct, num=units.fmt_num, code=code_spans)
     return env
 
 
