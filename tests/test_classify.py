@@ -166,3 +166,51 @@ def test_inference_mode_ops_are_costed():
     assert mm3.flop == 2 * 96 * 512 * 512 * 64
     conv = op_cost("aten::conv2d", payload("aten::conv2d", ["float32[8,3,32,32]", "float32[16,3,3,3]"], "float32[8,16,30,30]"))
     assert conv.flop == 2 * 8 * 16 * 30 * 30 * 3 * 3 * 3
+
+
+def test_cost_model_edge_cases():
+    sm_bwd = op_cost("aten::_softmax_backward_data", payload("aten::_softmax_backward_data",
+                                                           ["float32[64,1000]", "float32[64,1000]", -1, "torch.float32"], "float32[64,1000]"))
+    assert sm_bwd.flop == 2 * 5 * 64 * 1000
+    bcast = op_cost("aten::matmul", payload("aten::matmul", ["bfloat16[4,1,16,32]", "bfloat16[1,8,32,24]"], "bfloat16[4,8,16,24]"))
+    assert bcast.flop == 2 * 32 * 16 * 24 * 32
+    flash = op_cost("aten::_flash_attention_forward", payload("aten::_flash_attention_forward",
+                                                             ["bfloat16[2,1024,8,64]", "bfloat16[2,512,8,64]", "bfloat16[2,512,8,64]"], None))
+    assert flash.flop == 4 * 2 * 8 * 1024 * 512 * 64
+    transposed = payload("aten::convolution", ["float32[1,8,4,4]", "float32[8,4,3,3]", None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1],
+                         "float32[1,4,6,6]")
+    assert op_cost("aten::convolution", transposed) is None
+
+
+def test_calibration_cache_and_matching(tmp_path, monkeypatch):
+    """The cache keeps one entry per GPU and driver, survives a damaged file, and a report picks the
+    entry of the GPU it analyses."""
+    import json
+
+    from click.testing import CliRunner
+
+    from gpudiag.capture import calibrate
+    from gpudiag.cli.main import cli
+    from conftest import EXPORTS, FIXTURES
+
+    h200 = json.loads((FIXTURES / "h200_calibration.json").read_text())
+    other = {**h200, "gpu": "NVIDIA A100-SXM4-80GB", "copy_bytes_per_s": 1.9e12}
+    cache = tmp_path / "calibration.json"
+    cache.write_text("{damaged")
+    calibrate.save(other, cache)
+    calibrate.save(h200, cache)
+    assert calibrate.lookup("NVIDIA H200", "580.159.04", cache)["copy_bytes_per_s"] == h200["copy_bytes_per_s"]
+    assert calibrate.lookup("NVIDIA H200", "999.0", cache) is None
+    export = tmp_path / "swin.sqlite"
+    import lzma
+    import shutil
+
+    with lzma.open(EXPORTS["swin_t_train_bf16"]) as src, open(export, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    result = CliRunner().invoke(cli, ["report", str(export), "-o", str(tmp_path / "r"), "--json", "--peaks", str(cache)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["device"]["memory_bandwidth_bytes_per_s"] == h200["copy_bytes_per_s"]
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"gpu": "NVIDIA H200", "copy_bytes_per_s": None}))
+    bad = CliRunner().invoke(cli, ["report", str(export), "-o", str(tmp_path / "b"), "--peaks", str(broken)])
+    assert bad.exit_code == 2 and "not a gpudiag calibration file" in bad.output

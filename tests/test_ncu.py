@@ -54,19 +54,17 @@ def test_measurements_override_estimates(ncu_path, export_path, tmp_path):
     assert report["classification"]["evidence_share_percent"]["ncu"] > 50
 
 
-def test_estimated_classes_agree_with_measured(ncu_path, export_path, tmp_path):
-    """The issue's target, on the decode loop captured with --ncu: >= 90 % time-weighted agreement
-    between the class estimated without ncu and the one from ncu's measurements."""
+def test_estimated_classes_agree_with_measured():
+    """The issue's target on Swin-T training (bf16, H200, --ncu over 700 launches of the detail
+    step): >= 90 % time-weighted agreement between the class estimated without ncu and the one from
+    ncu's measurements, over kernels classed by the roofline (overhead-bound ones left out), with
+    both compute- and bandwidth-bound kernels among them."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from roofline_accuracy import accuracy
 
-    run_dir = tmp_path / "mlp_decode"
-    run_dir.mkdir()
-    shutil.copy(export_path("mlp_decode"), run_dir / "profile.sqlite")
-    shutil.copy(ncu_path("mlp_decode"), run_dir / "profile.ncu-rep")
-    shutil.copy(FIXTURES / "status" / "mlp_decode.json", run_dir / "script_status.json")
-    result = accuracy(run_dir)
-    assert result["kernels_compared"] > 500
+    result = accuracy(ROOT / "benchmarks" / "data" / "roofline" / "swin_t_train_bf16")
+    assert result["kernels_compared"] > 1000
+    assert "compute" in result["measured_classes"] and "bandwidth" in result["measured_classes"]
     assert result["agreement_time_weighted_percent"] >= 90
 
 

@@ -12,9 +12,9 @@ POSITIVE_NEGATIVE = {
     "GD-HOST-SYNC": ("input_pipeline_bad", "input_pipeline_good"),
     "GD-PAGEABLE-COPY": ("input_pipeline_bad", "input_pipeline_good"),
     "GD-INPUT-STALL": ("input_pipeline_bad", "swin_t_train_bf16"),
-    "GD-UNFUSED-OPTIMIZER": ("input_pipeline_bad", "input_pipeline_good"),
+    "GD-UNFUSED-OPTIMIZER": ("gpt2_train_bf16", "input_pipeline_good"),  # AdamW foreach vs fused=True
     "GD-UNFUSED-ATTENTION": ("swin_t_train_bf16", "gpt2_train_bf16"),
-    "GD-SMALL-GRID": ("gpt2_train_bf16", "swin_t_train_bf16"),
+    "GD-SMALL-GRID": ("swin_t_train_bf16", "gpt2_train_bf16"),  # LayerNorm's GammaBetaBackward on few blocks
     "GD-FP8-INFERENCE": ("mlp_inference_b4096", "mlp_decode"),  # GEMM-bound inference vs launch-bound decode
     "GD-UNFUSED-NORM": ("rmsnorm_train", "gpt2_train_bf16"),  # hand-written RMSNorm vs nn.LayerNorm
 }
@@ -45,15 +45,16 @@ def test_recommendations_are_sorted_by_saving(analysed):
 
 def test_predicted_savings_match_the_fixed_run(analysed):
     """The bad-practice run's recommendations predict what fixing them saves: the good-practice run
-    of the same model (workers, pinned memory, no .item(), fused AdamW) is 29.2 ms/step faster on the
-    H200; the rules predicted 29.4 ms. Within 15 %."""
+    of the same model (workers, pinned memory, no .item(), fused AdamW) is 37.7 ms/step faster on
+    the H200 (means: 42.0 -> 4.3 ms); the rules fired on the bad run predict 38.7 ms. Within 10 %.
+    (The savings of these rules do not overlap: the sync rule excludes idle before the first kernel.)"""
     _, bad = analysed("input_pipeline_bad")
     _, good = analysed("input_pipeline_good")
     fixed = {"GD-INPUT-STALL", "GD-HOST-SYNC", "GD-PAGEABLE-COPY", "GD-UNFUSED-OPTIMIZER"}
     predicted = sum(r["saving_ns_per_step"] for r in bad["recommendations"] if r["rule_id"] in fixed)
-    measured = bad["steps"]["step_time_ns"]["median"] - good["steps"]["step_time_ns"]["median"]
-    assert measured > 20e6
-    assert abs(predicted / measured - 1) < 0.15
+    measured = bad["steps"]["step_time_ns"]["mean"] - good["steps"]["step_time_ns"]["mean"]
+    assert measured > 30e6
+    assert abs(predicted / measured - 1) < 0.10
 
 
 def test_evidence_names_the_real_culprits(analysed):

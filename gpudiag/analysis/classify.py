@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis.costmodel import op_cost
+from gpudiag.analysis.costmodel import CONTRACTION_OPS, op_cost
 from gpudiag.analysis.families import CONTRACTION_FAMILIES, families
 from gpudiag.analysis.peaks import DevicePeaks
 
@@ -38,10 +38,14 @@ def _config_key(kernels: pd.DataFrame) -> pd.Series:
     return kernels[CONFIG_COLUMNS].fillna(-1).groupby(CONFIG_COLUMNS, sort=False).ngroup()
 
 
-def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame) -> pd.DataFrame:
-    """flop, bytes and math_path per kernel instance that an op call with recorded shapes launched."""
+def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Series) -> pd.DataFrame:
+    """flop, bytes and math_path per kernel instance that an op call with recorded shapes launched.
+    An op call's bytes are shared among its kernels by duration; a contraction's FLOPs go to its
+    contraction-family kernels only (a split-K reduction or a cast launched by the same call does
+    not do the multiply-adds)."""
     k = pd.DataFrame({"duration_ns": kernels["duration_ns"].to_numpy(), "op": attribution["op"].to_numpy(),
-                      "op_args": attribution["op_args"].to_numpy(), "op_call": attribution["op_call"].to_numpy()})
+                      "op_args": attribution["op_args"].to_numpy(), "op_call": attribution["op_call"].to_numpy(),
+                      "contraction": family.isin(CONTRACTION_FAMILIES).to_numpy()})
     k = k[k["op_call"] >= 0]
     if k.empty:
         return pd.DataFrame(columns=["flop", "bytes", "math_path"])
@@ -54,22 +58,46 @@ def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame) -> pd.DataFra
     share = k["duration_ns"] / k.groupby("op_call")["duration_ns"].transform("sum").replace(0, np.nan)
     joined = per_call.reindex(k["op_call"].to_numpy())
     joined.index = k.index
-    return pd.DataFrame({"flop": joined["flop"] * share.fillna(1.0), "bytes": joined["bytes"] * share.fillna(1.0),
+    flop_weight = k["duration_ns"].where(k["contraction"], 0.0)
+    call_has_contraction = flop_weight.groupby(k["op_call"]).transform("sum") > 0
+    flop_share = (flop_weight / flop_weight.groupby(k["op_call"]).transform("sum").replace(0, np.nan)).where(
+        call_has_contraction & joined["op"].isin(CONTRACTION_OPS), share)
+    return pd.DataFrame({"flop": joined["flop"] * flop_share.fillna(0.0), "bytes": joined["bytes"] * share.fillna(1.0),
                          "math_path": joined["math_path"]}).dropna(subset=["math_path"])
 
 
-def _ncu_costs(kernels: pd.DataFrame, ncu: pd.DataFrame) -> pd.DataFrame:
-    """flop, bytes and math_path per kernel instance from Nsight Compute measurements of kernels
-    with the same name and launch configuration (median over the measured instances)."""
+def _instance_index(config_key: pd.Series, step: pd.Series) -> pd.MultiIndex:
+    """(config_key, ordinal) per kernel: the n-th launch of a configuration within its step. Steps of
+    an eager training loop launch the same sequence, so the n-th launch in any step does the same
+    work as the n-th launch in the detail step (a launch configuration alone does not pin down the
+    work: a GEMM's grid ignores K)."""
+    ordinal = config_key.groupby([step.to_numpy(), config_key.to_numpy()]).cumcount()
+    return pd.MultiIndex.from_arrays([config_key.to_numpy(), ordinal.to_numpy()])
+
+
+def _spread(values: pd.DataFrame, source_index: pd.MultiIndex, target_index: pd.MultiIndex,
+            config_key: pd.Series) -> pd.DataFrame:
+    """Give every kernel the values (flop, bytes, math_path) of the detail-step launch with the same
+    (config, ordinal); launches with no such partner get the configuration's median."""
+    by_instance = values.set_axis(source_index)
+    by_instance = by_instance[~by_instance.index.duplicated()]
+    exact = by_instance.reindex(target_index)
+    medians = values.assign(config_key=source_index.get_level_values(0)).groupby("config_key").agg(
+        flop=("flop", "median"), bytes=("bytes", "median"), math_path=("math_path", "first"))
+    fallback = medians.reindex(config_key.to_numpy())
+    exact.index = fallback.index = config_key.index
+    return exact.where(exact["math_path"].notna(), fallback)
+
+
+def _ncu_rows_by_instance(ncu: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """ncu measurements as (flop, bytes, math_path) with their config columns; rows without the
+    roofline counters (finite FLOPs and DRAM bytes) are dropped."""
     from gpudiag.sources.ncu import math_path
 
-    measured = ncu.assign(math_path=ncu.apply(math_path, axis=1))
-    per_config = measured.groupby(CONFIG_COLUMNS).agg(flop=("flop", "median"), bytes=("dram_bytes", "median"),
-                                                      math_path=("math_path", "first")).reset_index()
-    keys = kernels[CONFIG_COLUMNS].astype({c: float for c in CONFIG_COLUMNS[1:]})
-    joined = keys.merge(per_config.astype({c: float for c in CONFIG_COLUMNS[1:]}), on=CONFIG_COLUMNS, how="left")
-    joined.index = kernels.index
-    return joined.dropna(subset=["math_path"])[["flop", "bytes", "math_path"]]
+    measured = ncu[np.isfinite(ncu["flop"].astype(float)) & np.isfinite(ncu["dram_bytes"].astype(float))]
+    values = pd.DataFrame({"flop": measured["flop"].astype(float), "bytes": measured["dram_bytes"].astype(float),
+                           "math_path": measured.apply(math_path, axis=1) if not measured.empty else pd.Series(dtype=object)})
+    return measured, values
 
 
 def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeaks,
@@ -81,26 +109,35 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
     out = pd.DataFrame({"kernel_id": kernels["kernel_id"].to_numpy(), "family": families(kernels["name"]).to_numpy(),
                         "config_key": _config_key(kernels).to_numpy()})
     dur = kernels["duration_ns"].to_numpy(dtype=float)
-    cost = _shape_costs(kernels, attribution)
+    config_key = out["config_key"]
+    instance = _instance_index(config_key, attribution["step"])
+    cost = _shape_costs(kernels, attribution, out["family"])
     out["flop"], out["bytes"], out["math_path"] = np.nan, np.nan, None
-    out.loc[cost.index, ["flop", "bytes"]] = cost[["flop", "bytes"]].to_numpy()
-    out.loc[cost.index, "math_path"] = cost["math_path"].to_numpy()
-    # Instances without shapes inherit the detail step's numbers for the same name + launch config.
-    known = out.loc[cost.index].groupby("config_key").agg(flop=("flop", "median"), bytes=("bytes", "median"),
-                                                            math_path=("math_path", "first"))
-    missing = out["math_path"].isna() & out["config_key"].isin(known.index)
-    inherit = known.reindex(out.loc[missing, "config_key"].to_numpy())
-    out.loc[missing, ["flop", "bytes"]] = inherit[["flop", "bytes"]].to_numpy()
-    out.loc[missing, "math_path"] = inherit["math_path"].to_numpy()
+    if not cost.empty:
+        # Every instance takes the detail step's numbers of the same launch (config, ordinal).
+        spread = _spread(cost, instance[cost.index.to_numpy()], instance, config_key)
+        out[["flop", "bytes"]] = spread[["flop", "bytes"]].to_numpy()
+        out["math_path"] = spread["math_path"].to_numpy()
 
     evidence = np.where(out["math_path"].notna(), "shapes", "heuristic").astype(object)
     if ncu is not None and not ncu.empty:
-        # Measured FLOPs and DRAM bytes win over estimates, for every instance of the same kernel
-        # name and launch configuration.
-        measured = _ncu_costs(kernels, ncu)
-        out.loc[measured.index, ["flop", "bytes"]] = measured[["flop", "bytes"]].to_numpy()
-        out.loc[measured.index, "math_path"] = measured["math_path"].to_numpy()
-        evidence[measured.index.to_numpy()] = "ncu"
+        # Measured FLOPs and DRAM bytes win over estimates. ncu replays the detail step's launches in
+        # order, so its n-th row of a configuration is the n-th launch of it in every step.
+        measured, values = _ncu_rows_by_instance(ncu)
+        if not measured.empty:
+            keys = kernels[CONFIG_COLUMNS].astype({c: float for c in CONFIG_COLUMNS[1:]}).fillna(-1)
+            ncu_keys = measured[CONFIG_COLUMNS].astype({c: float for c in CONFIG_COLUMNS[1:]}).fillna(-1)
+            known = keys.assign(config_key=config_key).drop_duplicates(CONFIG_COLUMNS)
+            ncu_config = ncu_keys.merge(known, on=CONFIG_COLUMNS, how="left")["config_key"]
+            matched = ncu_config.notna().to_numpy()
+            if matched.any():
+                cfg = pd.Series(ncu_config[matched].astype(int).to_numpy())
+                ncu_instance = pd.MultiIndex.from_arrays([cfg.to_numpy(), cfg.groupby(cfg).cumcount().to_numpy()])
+                spread = _spread(values[matched].reset_index(drop=True), ncu_instance, instance, config_key)
+                hit = spread["math_path"].notna().to_numpy()
+                out.loc[hit, ["flop", "bytes"]] = spread.loc[hit, ["flop", "bytes"]].to_numpy()
+                out.loc[hit, "math_path"] = spread.loc[hit, "math_path"].to_numpy()
+                evidence[hit] = "ncu"
     has_shapes = out["math_path"].notna().to_numpy()
     out["intensity"] = out["flop"] / out["bytes"].replace(0, np.nan)
     ridges = {p: peaks.ridge(p) for p in out["math_path"].dropna().unique()}

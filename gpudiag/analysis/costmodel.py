@@ -96,6 +96,13 @@ def _tensors(value) -> list[tuple[str, list[int]]]:
     return found
 
 
+def _broadcast(a: list[int], b: list[int]) -> list[int]:
+    """Broadcast shape of two leading-dimension lists (numpy rules)."""
+    n = max(len(a), len(b))
+    a, b = [1] * (n - len(a)) + list(a), [1] * (n - len(b)) + list(b)
+    return [max(x, y) for x, y in zip(a, b)]
+
+
 def _numel(shape: list[int]) -> int:
     return math.prod(shape) if shape else 1
 
@@ -122,7 +129,7 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
     if op in ("aten::mm", "aten::matmul") and len(shapes) >= 2 and len(shapes[0]) >= 2 and len(shapes[1]) >= 2:
         # matmul broadcasts leading dimensions: batch = elements of the output over its last two dims
         m, k, n = shapes[0][-2], shapes[0][-1], shapes[1][-1]
-        batch = max(_numel(shapes[0][:-2]), _numel(shapes[1][:-2]))
+        batch = _numel(_broadcast(shapes[0][:-2], shapes[1][:-2]))
         flop = 2.0 * batch * m * n * k
     elif op == "aten::linear" and len(shapes) >= 2 and len(shapes[1]) == 2:
         # inference mode reaches the dispatcher as linear: x (..., K) times weight (N, K)^T
@@ -138,15 +145,20 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
         (b, m, k), n = shapes[1], shapes[2][-1]
         flop = 2.0 * b * m * n * k
     elif op in CONV_OPS and outs:
+        if op in ("aten::convolution", "aten::_convolution") and len(payload.get("in", [])) > 6 and payload["in"][6] is True:
+            return None  # transposed convolution: not modelled
         flop = _conv_flop(op, shapes, [s for _, s in outs])
         if dtype == "float32":
             path = "tf32"
     elif op.startswith(SDPA_PREFIXES):
-        # forward inputs: query, key, value; backward: grad_out, query, key, value
+        # forward inputs: query, key, value; backward: grad_out, query, key, value. The
+        # scaled_dot_product ops take (B, H, L, D); _flash/_efficient_attention take (B, L, H, D).
         q_at = 1 if "backward" in op else 0
         if len(shapes) > q_at + 1 and len(shapes[q_at]) == 4 and len(shapes[q_at + 1]) == 4:
-            b, h, l, d = shapes[q_at]
-            s = shapes[q_at + 1][2]
+            if "scaled_dot_product" in op:
+                (b, h, l, d), s = shapes[q_at], shapes[q_at + 1][2]
+            else:
+                (b, l, h, d), s = shapes[q_at], shapes[q_at + 1][1]
             flop = 4.0 * b * h * l * s * d * (2.5 if "backward" in op else 1.0)
     contraction = flop is not None
     if not contraction:
@@ -154,9 +166,10 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
         if op in DATA_MOVEMENT_OPS or op.removesuffix("_backward") in DATA_MOVEMENT_OPS:
             flop = 0.0
         else:
-            forward = op.removesuffix("_backward").removesuffix("_data")
+            backward = re.search(r"_backward(_data)?$", op) is not None
+            forward = re.sub(r"_backward(_data)?$", "", op)
             per_element = FLOP_PER_ELEMENT.get(forward, 1.0)  # 1: element-wise ops and reductions
-            flop = per_element * largest * (2.0 if op.endswith(("_backward", "_backward_data")) else 1.0)
+            flop = per_element * largest * (2.0 if backward else 1.0)
         path = "fp64" if path == "fp64" else "fp32"  # not a contraction: no tensor cores
     return OpCost(flop=flop, bytes=nbytes, math_path=path)
 

@@ -99,7 +99,8 @@ def _misaligned(op: str, args: str) -> list[str]:
     multiple = 16 if "float8" in dtype else 8
     if dtype not in ("bfloat16", "float16") and "float8" not in dtype:
         return []
-    k, n = tensors[0][1][-1], tensors[1][1][-1]
+    k = tensors[0][1][-1]
+    n = tensors[1][1][-2] if op == "aten::linear" else tensors[1][1][-1]  # linear's weight is (N, K)
     return [f"{label}={v}" for label, v in (("K", k), ("N", n)) if v % multiple]
 
 
@@ -160,16 +161,23 @@ def overhead_bound(ctx: RuleContext) -> Recommendation | None:
 def host_syncs(ctx: RuleContext) -> Recommendation | None:
     """Host synchronizations inside the step (cudaDeviceSynchronize, cudaStreamSynchronize,
     cudaEventSynchronize, synchronous cudaMemcpy — e.g. ``.item()``, ``.cpu()``, printing a tensor).
-    Saving: the time the host was blocked in them (the queue drains while it waits)."""
+    Saving: the host-bound GPU idle that begins while a sync blocks the host (the launch queue
+    drained behind it), excluding idle before the step's first kernel (counted by the input-stall
+    rule). It fires on any sync, even with no saving: a sync in the step is worth knowing about."""
     s = ctx.api[ctx.api["name"].fillna("").str.match(SYNC_APIS)]
     if s.empty:
         return None
     blocked = float((s["end_ns"] - s["start_ns"]).sum()) / ctx.n_steps
+    syncs = s.sort_values("start_ns")
+    idle = ctx.idle[ctx.idle["host_bound"] & ~ctx.idle["at_step_start"]]
+    i = np.searchsorted(syncs["start_ns"].to_numpy(), idle["start_ns"].to_numpy(), side="right") - 1
+    during = (i >= 0) & (idle["start_ns"].to_numpy() <= syncs["end_ns"].to_numpy()[np.maximum(i, 0)])
+    saving = float(idle.loc[during, "duration_ns"].sum()) / ctx.n_steps
     d2h = ctx.memcpy[ctx.memcpy["copy_kind"] == "Device-to-Host"]
     names = s["name"].str.replace(r"_v\d+$", "", regex=True).value_counts()
     return Recommendation(
-        "GD-HOST-SYNC", "The step synchronizes the host with the GPU", blocked,
-        "host time blocked in synchronizing calls per step",
+        "GD-HOST-SYNC", "The step synchronizes the host with the GPU", saving,
+        "host-bound GPU idle that begins during a sync (not counting idle before the step's first kernel)",
         [f"{len(s) / ctx.n_steps:.1f} synchronizing calls/step blocking the host {blocked / 1e6:.2f} ms/step: "
          + ", ".join(f"{n} x{c / ctx.n_steps:.1f}" for n, c in names.items()),
          f"{len(d2h) / ctx.n_steps:.1f} device-to-host copies/step ({d2h['bytes'].sum() / ctx.n_steps:.0f} bytes/step)"],
@@ -186,12 +194,13 @@ def pageable_copies(ctx: RuleContext) -> Recommendation | None:
     if pageable.empty or pageable["bytes"].sum() / ctx.n_steps < 1e6:
         return None
     ns = float(pageable["duration_ns"].sum()) / ctx.n_steps
-    pinned = m[(m["src_kind"] == "Pinned") | (m["dst_kind"] == "Pinned")]
-    rate = pinned["bytes"].sum() / pinned["duration_ns"].sum() if pinned["duration_ns"].sum() > 1e5 else None
+    pinned = m[((m["src_kind"] == "Pinned") | (m["dst_kind"] == "Pinned")) & (m["bytes"] >= 1e6)]  # not 4-byte .item() reads
+    rate = pinned["bytes"].sum() / pinned["duration_ns"].sum() if len(pinned) else None
     saving = ns - (pageable["bytes"].sum() / ctx.n_steps) / rate if rate else ns
     return Recommendation(
         "GD-PAGEABLE-COPY", "Copies use pageable host memory", max(saving, 0.0),
-        "pageable copy time minus the same bytes at this run's pinned copy rate" if rate else "pageable copy time per step",
+        "pageable copy time minus the same bytes at this run's pinned rate (copies of 1 MB or more)" if rate
+        else "pageable copy time per step",
         [f"{len(pageable) / ctx.n_steps:.1f} pageable copies/step, {pageable['bytes'].sum() / ctx.n_steps / 1e6:.1f} MB/step, "
          f"{ns / 1e6:.2f} ms/step ({pageable['bytes'].sum() / max(pageable['duration_ns'].sum(), 1):.1f} GB/s)"],
         "Allocate host batches in pinned memory (`DataLoader(pin_memory=True)`, `tensor.pin_memory()`) and copy with "
@@ -201,35 +210,46 @@ def pageable_copies(ctx: RuleContext) -> Recommendation | None:
 def input_stall(ctx: RuleContext) -> Recommendation | None:
     """The GPU sits idle at the start of steps waiting for input: host-bound idle between the
     previous step's last GPU work and this step's first kernel, median over the measured steps
-    (steps without any count 0) above 10 % of the step. Saving: that median idle time."""
+    (steps without any count 0) above 10 % of the step. Saving: the mean of that idle time."""
     start = ctx.idle[ctx.idle["host_bound"] & ctx.idle["at_step_start"]]
     per_step = start.groupby("step")["duration_ns"].sum().reindex(ctx.measured_steps, fill_value=0)
-    median = float(per_step.median()) if len(per_step) else 0.0
-    if median < 0.10 * ctx.step_ns:
+    mean = float(per_step.mean()) if len(per_step) else 0.0
+    if mean < 0.10 * ctx.step_ns:
         return None
     return Recommendation(
-        "GD-INPUT-STALL", "The GPU waits for input data at the start of each step", median,
-        "median host-bound GPU idle at step start",
-        [f"{median / 1e6:.2f} ms of GPU idle before each step's first kernel (median over {len(per_step)} steps, "
-         f"{100 * median / ctx.step_ns:.0f} % of the step)"],
+        "GD-INPUT-STALL", "The GPU waits for input data at the start of each step", mean,
+        "mean host-bound GPU idle before each step's first kernel",
+        [f"{mean / 1e6:.2f} ms of GPU idle before each step's first kernel (mean over {len(per_step)} steps, median "
+         f"{per_step.median() / 1e6:.2f} ms; {100 * mean / ctx.step_ns:.0f} % of the step)"],
         "Load and augment data in worker processes (`DataLoader(num_workers=N, persistent_workers=True, "
         "prefetch_factor=2)`), pin memory, and move per-sample work off the training loop's thread.")
 
 
 def unfused_optimizer(ctx: RuleContext) -> Recommendation | None:
     """The optimizer step launches many multi-tensor or per-tensor kernels (10 or more per step)
-    and no fused one. Saving: the launches a fused optimizer removes (all but ~2) x the measured
-    eager launch cost (host time, which bounds the step when it is overhead-bound)."""
+    and no fused one. Saving: their GPU time minus one fused pass over the parameters (a fused
+    AdamW reads parameter, gradient and both moments and writes parameter and moments: 7 fp32 values
+    per parameter, at peak bandwidth; parameter count from the optimizer ops recorded on the detail
+    step, else the GPU time is the estimate). Launch costs, when they bound the step, are part of
+    the overhead-bound rule's saving."""
     opt = ctx.km[ctx.km["phase"] == "optimizer"]
     if opt.empty or opt["name"].str.contains("fused_adam|FusedAdam|fused_sgd", case=False).any():
         return None
     per_step = len(opt) / ctx.n_steps
     if per_step < 10:
         return None
-    saving = (per_step - 2) * ctx.peaks.launch_overhead_ns
+    params = 0
+    for args in ctx.detail.loc[ctx.detail["op"].str.startswith("aten::_foreach"), "op_args"].drop_duplicates():
+        for value in json.loads(args).get("in", [])[:1]:  # the first argument is the parameter (or state) list
+            if isinstance(value, dict) and "numel" in value:
+                params = max(params, int(value["numel"]))
+    gpu_ns = float(opt["duration_ns"].sum()) / ctx.n_steps
+    floor = 7 * 4 * params / ctx.peaks.bandwidth * 1e9 if params and ctx.peaks.bandwidth else 0.0
+    saving = max(gpu_ns - floor, 0.0)
     return Recommendation(
         "GD-UNFUSED-OPTIMIZER", "The optimizer is not fused", saving,
-        f"({per_step:.0f} - 2) launches/step x {ctx.peaks.launch_overhead_ns / 1e3:.1f} µs eager launch cost",
+        f"optimizer GPU time minus one fused pass (7 x 4 bytes x {params / 1e6:.1f} M parameters at peak bandwidth)"
+        if params else "optimizer GPU time per step (parameter count not recorded)",
         [f"{per_step:.0f} optimizer kernels/step, {opt['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step of GPU time",
          *_top(opt, ctx.n_steps, 2)],
         "Use the fused implementation: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD).")
@@ -239,7 +259,8 @@ def unfused_attention(ctx: RuleContext) -> Recommendation | None:
     """Attention computed from separate kernels: a module whose forward runs bmm/matmul, softmax
     and bmm/matmul (detail-step ops) instead of scaled_dot_product_attention. Saving: the softmax
     and element-wise kernel time of those modules per step, forward and backward (what a fused
-    attention kernel keeps on chip)."""
+    attention kernel keeps on chip): the softmax configurations launched inside those modules on the
+    detail step, plus the step's softmax-backward configurations (backward kernels carry no module)."""
     d = ctx.detail[ctx.detail["module"] != ""]
     ops = d.groupby("module")["op"].agg(set)  # one set per distinct module path
 
@@ -258,8 +279,13 @@ def unfused_attention(ctx: RuleContext) -> Recommendation | None:
                 break
     if not modules:
         return None
-    in_modules = ctx.km[ctx.km["module"].isin(modules) | ctx.km["module"].str.startswith(tuple(m + "." for m in modules))]
-    softmax_configs = set(ctx.detail.loc[ctx.detail["op"].str.startswith("aten::_softmax"), "config_key"])
+    inside = ctx.km["module"].isin(modules) | ctx.km["module"].str.startswith(tuple(m + "." for m in modules))
+    in_modules = ctx.km[inside]
+    detail_inside = ctx.detail["module"].isin(modules) | ctx.detail["module"].str.startswith(tuple(m + "." for m in modules))
+    forward = detail_inside & (ctx.detail["op"] == "aten::_softmax")
+    # Backward kernels carry no module: the step's softmax backward configurations stand for theirs.
+    backward = ctx.detail["op"] == "aten::_softmax_backward_data"
+    softmax_configs = set(ctx.detail.loc[forward | backward, "config_key"])
     memory = ctx.km[ctx.km["config_key"].isin(softmax_configs)]
     saving = float(memory["duration_ns"].sum()) / ctx.n_steps
     return Recommendation(
@@ -277,7 +303,7 @@ def unfused_norm(ctx: RuleContext) -> Recommendation | None:
     call and no normalization kernel: LayerNorm/RMSNorm written op by op. Saving: their forward
     kernel time minus, per call, one fused pass (read the largest input tensor once, write it once,
     at peak bandwidth); the backward is unfused too and not counted, so this is a lower bound."""
-    k = ctx.km[ctx.km["module_class"].str.contains("norm", case=False, na=False)]
+    k = ctx.km[ctx.km["module_class"].str.contains(r"Norm(?:\d*d)?$", na=False)]  # RMSNorm, LayerNorm, BatchNorm2d
     if k.empty:
         return None
     per_module = k.groupby("module").agg(kernels=("duration_ns", "size"), ns=("duration_ns", "sum"),
@@ -307,13 +333,13 @@ def unfused_norm(ctx: RuleContext) -> Recommendation | None:
 
 
 def small_grids(ctx: RuleContext) -> Recommendation | None:
-    """Long kernels whose grid is under one wave (fewer blocks than SMs) and take over 5 % of the
-    step in total: most SMs idle while they run. Saving: their time x (1 - blocks / SMs), the
-    idle-SM share, if the work could be split across all SMs."""
+    """Kernels over 20 µs whose grid covers under half the SMs (fewer blocks than SMs / 2), taking
+    over 2 % of the step in total: most SMs idle while they run. (Persistent and cluster GEMMs are
+    sized just under the SM count on purpose, hence half.) Saving: their time x (1 - blocks / SMs)."""
     sms = max(ctx.peaks.sm_count, 1)
     blocks = ctx.km[["grid_x", "grid_y", "grid_z"]].fillna(1).prod(axis=1)
-    k = ctx.km[(blocks < sms) & (ctx.km["duration_ns"] > 20_000)]
-    if k.empty or k["duration_ns"].sum() / ctx.n_steps < 0.05 * ctx.step_ns:
+    k = ctx.km[(blocks < sms / 2) & (ctx.km["duration_ns"] > 20_000)]
+    if k.empty or k["duration_ns"].sum() / ctx.n_steps < 0.02 * ctx.step_ns:
         return None
     saving = float((k["duration_ns"] * (1 - blocks[k.index] / sms)).sum()) / ctx.n_steps
     return Recommendation(
@@ -350,11 +376,21 @@ RULES = (fp32_matmul, gemm_alignment, overhead_bound, host_syncs, pageable_copie
          unfused_attention, unfused_norm, small_grids, inference_quantization)
 
 
+# Rules whose only threshold is their saving: below 1 % of the step they are noise, not advice.
+MIN_SAVING_RULES = {"GD-GEMM-ALIGN", "GD-UNFUSED-ATTENTION", "GD-SMALL-GRID", "GD-PAGEABLE-COPY", "GD-UNFUSED-OPTIMIZER",
+                    "GD-UNFUSED-NORM"}
+MIN_SAVING_SHARE = 0.01
+
+
 def recommend(ctx: RuleContext) -> list[dict]:
-    """Every rule's recommendation (those that fired), by expected saving, as plain dicts."""
+    """Every rule's recommendation (those that fired), by expected saving, as plain dicts.
+    Savings are per rule and can overlap (e.g. the same GEMMs in the FP8 and small-grid rules):
+    they are not meant to be added up."""
     out = []
     for rule in RULES:
         rec = rule(ctx)
+        if rec is not None and rec.rule_id in MIN_SAVING_RULES and rec.saving_ns_per_step < MIN_SAVING_SHARE * ctx.step_ns:
+            continue
         if rec is not None:
             rec.saving_percent_of_step = 100.0 * rec.saving_ns_per_step / ctx.step_ns if ctx.step_ns else None
             out.append(asdict(rec))

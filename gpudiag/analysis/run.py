@@ -127,7 +127,9 @@ def _operator_classes(km: pd.DataFrame) -> list[dict]:
     unknown = k[k["flop"].isna()].groupby("op_class")["duration_ns"].sum()
     total_flop, total_time = float(flop.sum()), float(time.sum())
     order = ["tensor contraction", "normalization", "element-wise", "other"]
-    return [{"operator_class": c, "flop_share_percent": 100.0 * float(flop.get(c, 0) or 0) / total_flop if total_flop else None,
+    flop = flop.fillna(0.0)
+    total_flop = float(flop.sum())
+    return [{"operator_class": c, "flop_share_percent": 100.0 * float(flop.get(c, 0.0)) / total_flop if total_flop else None,
              "time_share_percent": 100.0 * float(time.get(c, 0)) / total_time if total_time else None,
              "time_without_flop_percent": 100.0 * float(unknown.get(c, 0)) / total_time if total_time else None}
             for c in order if c in time.index]
@@ -142,8 +144,9 @@ def _roofline_points(km: pd.DataFrame, n_steps: int, limit: int = 200) -> list[d
         return []
     g = k.groupby("config_key")
     pts = pd.DataFrame({
-        "name": g["name"].first(), "short_name": g["short_name"].first(), "kernel_class": g["kernel_class"].first(),
-        "evidence": g["evidence"].first(), "math_path": g["math_path"].first(),
+        "name": g["name"].first(), "short_name": g["short_name"].first(),
+        "kernel_class": g["kernel_class"].agg(lambda s: s.mode().iloc[0]), "evidence": g["evidence"].agg(lambda s: s.mode().iloc[0]),
+        "math_path": g["math_path"].first(),
         "intensity_flop_per_byte": g["intensity"].median(), "ridge_flop_per_byte": g["ridge"].median(),
         "achieved_flop_per_s": g["achieved_flop_per_s"].median(), "achieved_bytes_per_s": g["achieved_bytes_per_s"].median(),
         "efficiency": g["efficiency"].median(), "time_ns_per_step": g["duration_ns"].sum() / n_steps,

@@ -134,7 +134,7 @@ def save(entry: dict, path: Path | None = None) -> Path:
     """Add ``entry`` to the calibration cache (replacing the same GPU and driver)."""
     path = path or cache_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(path.read_text()) if path.exists() else {}
+    data = _read_cache(path)  # a damaged cache is replaced rather than losing a fresh measurement
     data[cache_key(entry["gpu"], entry.get("driver_version"))] = entry
     path.write_text(json.dumps(data, indent=1))
     return path
@@ -142,10 +142,19 @@ def save(entry: dict, path: Path | None = None) -> Path:
 
 def lookup(gpu_name: str, driver: str | None, path: Path | None = None) -> dict | None:
     """The cached calibration of this GPU and driver, or None."""
-    path = path or cache_file()
-    if not path.exists():
-        return None
+    data = _read_cache(path or cache_file())
+    entry = data.get(cache_key(gpu_name, driver))
+    if entry is None:
+        # A calibration made without nvidia-smi has no driver version: use it if it is the only one of this GPU.
+        same_gpu = [e for e in data.values() if isinstance(e, dict) and e.get("gpu") == gpu_name]
+        entry = same_gpu[0] if len(same_gpu) == 1 and same_gpu[0].get("driver_version") is None else None
+    return entry if isinstance(entry, dict) else None
+
+
+def _read_cache(path: Path) -> dict:
+    """The cache as a dict; {} when it is missing or damaged."""
     try:
-        return json.loads(path.read_text()).get(cache_key(gpu_name, driver))
-    except ValueError:
-        return None
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -82,6 +82,8 @@ def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, fo
     """
     if not script.is_file():
         raise UserError(f"{script}: no such script; pass the path of the Python file to profile")
+    if use_ncu and no_analysis:
+        raise UserError("--ncu needs the analysis (it replays the top kernels the analysis finds): drop --no-analysis")
     warmup = 2 if options.warmup_steps is None else options.warmup_steps
     config = CaptureConfig(steps_from=options.steps_from or "auto", warmup_steps=warmup,
                            detail_step=detail_step, module_ranges=not no_module_ranges,
@@ -111,7 +113,8 @@ def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, fo
     click.echo("[3/3] analysing")
     analysis = AnalysisOptions(options.steps_from, warmup)
     calibration = _cached_calibration(result.sqlite, run_dir)
-    report = analyse_and_report(result.sqlite, run_dir, analysis, status=result.status, calibration=calibration)
+    report = analyse_and_report(result.sqlite, run_dir, analysis, status=result.status, calibration=calibration,
+                                top=max(20, ncu_top if use_ncu else 0))
     detail = report["steps"]["detail_step"]
     if use_ncu and detail is not None and report["top_kernels"]:
         names = [k["name"] for k in report["top_kernels"][:ncu_top]]

@@ -66,22 +66,31 @@ def _decompressed(path: Path, tmp: Path) -> Path:
     return target
 
 
-def read_calibration(path: Path) -> dict:
+def read_calibration(path: Path, gpu: str | None) -> dict:
     """A ``calibration.json`` written by gpudiag profile (one entry) or the calibrate cache (one
-    entry per GPU; the first is used). Raises UserError for anything else."""
+    entry per GPU and driver: the one for ``gpu`` is used). Raises UserError for anything else."""
+    problem = f"{path}: not a gpudiag calibration file; make one with gpudiag calibrate"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        raise UserError(f"{path}: not a gpudiag calibration file; make one with gpudiag calibrate") from None
-    if isinstance(data, dict) and "copy_bytes_per_s" not in data and data:
-        data = next(iter(data.values()))
-    if not isinstance(data, dict) or "copy_bytes_per_s" not in data:
-        raise UserError(f"{path}: not a gpudiag calibration file; make one with gpudiag calibrate")
+        raise UserError(problem) from None
+    if isinstance(data, dict) and "copy_bytes_per_s" not in data:
+        entries = [e for e in data.values() if isinstance(e, dict)]
+        data = next((e for e in entries if e.get("gpu") == gpu), entries[0] if entries else None)
+    try:
+        valid = (isinstance(data, dict) and float(data["copy_bytes_per_s"]) > 0
+                 and all(float(v) > 0 for v in (data.get("matmul_flop_per_s") or {}).values())
+                 and float(data.get("launch_overhead_ns") or 1) > 0)
+    except (KeyError, TypeError, ValueError):
+        valid = False
+    if not valid:
+        raise UserError(problem)
     return data
 
 
 def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, status: dict | None = None,
-                       as_json: bool = False, ncu: Path | None = None, calibration: dict | None = None) -> dict:
+                       as_json: bool = False, ncu: Path | None = None, calibration: dict | None = None,
+                       top: int = 20) -> dict:
     """Ingest ``export`` (``.sqlite`` or ``.sqlite.xz``, plus the Nsight Compute report ``ncu`` if
     given, ``.ncu-rep`` or ``.ncu-rep.xz``) into ``out_dir``/run.sqlite, analyse it and write
     report.html and report.json there; prints the terminal summary (or the JSON)."""
@@ -94,10 +103,13 @@ def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, st
         try:
             db = ingest(source, out_dir / RUN_DB_NAME, source_name=export.name, ncu_path=ncu_source)
         except (ExportError, NcuError) as exc:
-            raise UserError(str(exc)) from None
+            # name the user's files, not the decompressed copies
+            message = str(exc).replace(str(source), str(export))
+            raise UserError(message.replace(str(ncu_source), str(ncu)) if ncu_source else message) from None
     warmup = options.warmup_steps if options.warmup_steps is not None else (status or {}).get("warmup_steps", 2)
     try:
-        result = analyse(db, warmup_steps=warmup, steps_from=options.steps_from, status=status, calibration=calibration)
+        result = analyse(db, warmup_steps=warmup, steps_from=options.steps_from, status=status, calibration=calibration,
+                         top=top)
     except AnalysisError as exc:
         raise UserError(f"{export}: {exc}", exit_code=3) from None
     json_report.write(result, out_dir / "report.json")
@@ -157,5 +169,13 @@ def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, ncu: 
         raise UserError(f"{ncu}: no such file; pass the .ncu-rep written by ncu or gpudiag profile --ncu")
     if peaks_file is None and source.is_dir() and (source / CALIBRATION_NAME).exists():
         peaks_file = source / CALIBRATION_NAME
-    calibration = read_calibration(peaks_file) if peaks_file else None
+    calibration = None
+    if peaks_file:
+        from gpudiag.sources.nsys_sqlite import read_gpu_in_use
+
+        try:
+            gpu = read_gpu_in_use(export)[0] if export.suffix != ".xz" else None
+        except ExportError:
+            gpu = None
+        calibration = read_calibration(peaks_file, gpu)
     analyse_and_report(export, out_dir, options, status=status, as_json=as_json, ncu=ncu, calibration=calibration)

@@ -96,7 +96,11 @@ def read_ncu(path: Path) -> pd.DataFrame:
             })
     if not rows:
         raise NcuError(f"{path}: the report holds no profiled kernels")
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    if not np.isfinite(df["dram_bytes"]).any():
+        raise NcuError(f"{path}: no roofline counters in this report; record it with ncu --set roofline "
+                       "(gpudiag profile --ncu does)")
+    return df
 
 
 def math_path(row: pd.Series) -> str:
