@@ -3,7 +3,6 @@ overriding estimates, and the accuracy of the estimates against them."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from gpudiag.cli.main import cli
 from gpudiag.sources.ncu import NcuError, read_ncu
 from gpudiag.sources.nsys_sqlite import read_export
 
-from conftest import FIXTURES, ROOT, status_of
+from conftest import ROOT, status_of
 
 
 def test_reader_totals_and_names(ncu_path, export_path):
