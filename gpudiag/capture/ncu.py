@@ -26,6 +26,12 @@ PERMISSION_HINT = ("Nsight Compute may not read the GPU's performance counters (
                    "allow all users (modprobe nvidia NVreg_RestrictProfilingToAdminUsers=0; see "
                    "https://developer.nvidia.com/ERR_NVGPUCTRPERM); the report uses nsys data alone")
 
+# Beyond the roofline set: local-memory traffic (register spills) and global-load coalescing
+# (sectors per request; 4 for 32 threads reading consecutive 4-byte words), for the recommendations.
+EXTRA_METRICS = ("l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum,"
+                 "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,"
+                 "sm__maximum_warps_per_active_cycle_pct")
+
 _REGEX_SPECIAL = re.compile(r"([\\^$.|?*+()\[\]{}])")
 
 
@@ -47,7 +53,7 @@ def profile_command(ncu: Path, report_base: Path, detail_step: int, kernel_names
     ``max_kernels`` launches). ``report_base`` has no extension; ncu appends ``.ncu-rep``."""
     return [
         str(ncu), "--target-processes", "all", "--clock-control", "none",
-        "--set", "roofline", "--section", "LaunchStats", "--section", "Occupancy",
+        "--set", "roofline", "--section", "LaunchStats", "--section", "Occupancy", "--metrics", EXTRA_METRICS,
         "--nvtx", "--nvtx-include", f"{nvtx_names.STEP}{detail_step}",
         "--kernel-name-base", "demangled", "--kernel-name", name_regex(kernel_names),
         "--launch-count", str(max_kernels), "-f", "-o", str(report_base),

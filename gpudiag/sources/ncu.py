@@ -49,7 +49,9 @@ def read_ncu(path: Path) -> pd.DataFrame:
     """One row per profiled kernel: name (demangled, as nsys writes it), grid_x/y/z, block_x/y/z,
     duration_ns, dram_bytes, flop_fp64, flop_fp32, flop_fp16, flop_tensor, tensor_path (the tensor
     path with most ops, or None), flop (all of them), registers_per_thread, waves_per_sm,
-    achieved_occupancy_percent.
+    achieved_occupancy_percent, theoretical_occupancy_percent, local_memory_bytes (local loads +
+    stores: register spills), global_load_sectors_per_request (4 = fully coalesced 4-byte loads).
+    The last three are NaN in reports recorded without gpudiag's extra metrics.
     Raises :class:`NcuError` for a missing package or an unreadable file."""
     module, ctx = _load(path)
     rows = []
@@ -93,6 +95,11 @@ def read_ncu(path: Path) -> pd.DataFrame:
                 "registers_per_thread": value("launch__registers_per_thread"),
                 "waves_per_sm": value("launch__waves_per_multiprocessor"),
                 "achieved_occupancy_percent": value("sm__warps_active.avg.pct_of_peak_sustained_active"),
+                "theoretical_occupancy_percent": value("sm__maximum_warps_per_active_cycle_pct"),
+                "local_memory_bytes": value("l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum")
+                + value("l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"),
+                "global_load_sectors_per_request": value("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum")
+                / value("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", np.nan),
             })
     if not rows:
         raise NcuError(f"{path}: the report holds no profiled kernels")
