@@ -26,10 +26,13 @@ EXPORTS = {
     "input_pipeline_bad": FIXTURES / "input_pipeline_bad.sqlite.xz",
     "input_pipeline_good": FIXTURES / "input_pipeline_good.sqlite.xz",
     "mlp_inference_b4096": FIXTURES / "mlp_inference_b4096.sqlite.xz",
+    "kernel_pathologies": FIXTURES / "kernel_pathologies.sqlite.xz",
     "rmsnorm_train": FIXTURES / "rmsnorm_train.sqlite.xz",
 }
 NCU_REPORTS = {
     "mlp_decode": FIXTURES / "mlp_decode.ncu-rep.xz",  # gpudiag profile --ncu, same run as the export
+    "kernel_pathologies": FIXTURES / "kernel_pathologies.ncu-rep.xz",  # same run as the export
+    "mlp_inference_b4096": FIXTURES / "mlp_inference_b4096.ncu-rep.xz",  # same run as the export
     "swin_t_train_bf16": FIXTURES / "swin_t_train_bf16_step2.ncu-rep.xz",  # explored with capture_ncu.sh
 }
 
@@ -75,6 +78,21 @@ def analysed(export_path, tmp_path_factory):
     def get(name: str):
         if name not in cache:
             db = ingest(export_path(name), folder / f"{name}.run.sqlite")
+            cache[name] = (db, analyse(db, status=status_of(name)))
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def analysed_with_ncu(export_path, ncu_path, tmp_path_factory):
+    """Function name -> (run database, report dict) of a capture analysed with its ncu report."""
+    folder = tmp_path_factory.mktemp("runs_ncu")
+    cache: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in cache:
+            db = ingest(export_path(name), folder / f"{name}.run.sqlite", ncu_path=ncu_path(name))
             cache[name] = (db, analyse(db, status=status_of(name)))
         return cache[name]
 

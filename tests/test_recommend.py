@@ -66,3 +66,22 @@ def test_evidence_names_the_real_culprits(analysed):
     assert "cudaStreamSynchronize" in sync["evidence"][0]
     attention = rules(analysed, "swin_t_train_bf16")["GD-UNFUSED-ATTENTION"]
     assert "layers.0.blocks.0.attn" in attention["evidence"][0]
+
+
+NCU_RULES = ("GD-LOCAL-MEMORY", "GD-UNCOALESCED", "GD-LOW-OCCUPANCY")
+
+
+@pytest.mark.parametrize("rule_id", NCU_RULES)
+def test_ncu_rules_fire_on_pathological_kernels_only(analysed_with_ncu, rule_id):
+    """examples/kernel_pathologies.py under --ncu (H200): a kernel spilling to local memory
+    (--maxrregcount=32), a strided copy (32 sectors per load request), a 96 KiB shared-memory kernel
+    (11 % achieved occupancy); the negative is a GEMM-bound MLP under --ncu, whose GEMMs run at 15 %
+    occupancy by design and whose vectorized kernels read 16 sectors per request, coalesced."""
+    _, bad = analysed_with_ncu("kernel_pathologies")
+    _, clean = analysed_with_ncu("mlp_inference_b4096")
+    fired = {r["rule_id"]: r for r in bad["recommendations"]}
+    assert rule_id in fired
+    assert rule_id not in {r["rule_id"] for r in clean["recommendations"]}
+    named = {"GD-LOCAL-MEMORY": "spilling_hist", "GD-UNCOALESCED": "strided_copy", "GD-LOW-OCCUPANCY": "smem_hog"}[rule_id]
+    assert any(named in e for e in fired[rule_id]["evidence"])
+    assert not any("clean_copy" in e for e in fired[rule_id]["evidence"])

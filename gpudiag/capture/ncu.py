@@ -27,7 +27,7 @@ PERMISSION_HINT = ("Nsight Compute may not read the GPU's performance counters (
                    "https://developer.nvidia.com/ERR_NVGPUCTRPERM); the report uses nsys data alone")
 
 # Beyond the roofline set: local-memory traffic (register spills) and global-load coalescing
-# (sectors per request; 4 for 32 threads reading consecutive 4-byte words), for the recommendations.
+# (sectors per request: 4 for a warp reading consecutive 4-byte words, 16 for 16-byte vectors).
 EXTRA_METRICS = ("l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum,"
                  "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,"
                  "sm__maximum_warps_per_active_cycle_pct")

@@ -50,7 +50,8 @@ def read_ncu(path: Path) -> pd.DataFrame:
     duration_ns, dram_bytes, flop_fp64, flop_fp32, flop_fp16, flop_tensor, tensor_path (the tensor
     path with most ops, or None), flop (all of them), registers_per_thread, waves_per_sm,
     achieved_occupancy_percent, theoretical_occupancy_percent, local_memory_bytes (local loads +
-    stores: register spills), global_load_sectors_per_request (4 = fully coalesced 4-byte loads).
+    stores: register spills), global_load_sectors_per_request (a coalesced warp load: 4 sectors for
+    4-byte words, 16 for 16-byte vectors; 32 when every thread hits its own sector).
     The last three are NaN in reports recorded without gpudiag's extra metrics.
     Raises :class:`NcuError` for a missing package or an unreadable file."""
     module, ctx = _load(path)
