@@ -33,7 +33,7 @@ import math
 import re
 from dataclasses import dataclass
 
-_TENSOR = re.compile(r"^([a-z0-9_]+)\[([0-9,]*)\]$")
+_TENSOR = re.compile(r"^([a-z0-9_]+)\[([0-9,]*)\](?:@([0-9a-f]+))?$")  # dtype[shape]@storage address
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
             "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8}
 DTYPE_PATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64",
@@ -75,6 +75,23 @@ class OpCost:
     def intensity(self) -> float:
         """Arithmetic intensity, FLOP/byte."""
         return self.flop / self.bytes if self.bytes else math.inf
+
+
+def storage_ids(value) -> set[str]:
+    """Storage addresses of the tensors described in a payload value (empty for captures made
+    before gpudiag recorded them)."""
+    found = set()
+    if isinstance(value, str):
+        m = _TENSOR.match(value)
+        if m and m.group(3):
+            found.add(m.group(3))
+    elif isinstance(value, list):
+        for v in value:
+            found |= storage_ids(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            found |= storage_ids(v)
+    return found
 
 
 def _tensors(value) -> list[tuple[str, list[int]]]:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis.costmodel import CONTRACTION_OPS, ITEMSIZE, _tensors
+from gpudiag.analysis.costmodel import CONTRACTION_OPS, ITEMSIZE, _tensors, storage_ids
 from gpudiag.analysis.families import CONTRACTION_FAMILIES, kernel_label
 from gpudiag.analysis.peaks import DevicePeaks
 
@@ -421,6 +421,56 @@ def low_occupancy(ctx: RuleContext) -> Recommendation | None:
         "(ncu's Occupancy section names the limiter).")
 
 
+def _reads_writes(args: str, op: str) -> tuple[set, set]:
+    """Storage addresses an op call reads and writes, from its payload (in-place ops, named with a
+    trailing underscore, also write their first argument)."""
+    try:
+        payload = json.loads(args)
+    except ValueError:
+        return set(), set()
+    inputs = payload.get("in", [])
+    reads, writes = storage_ids(inputs), storage_ids(payload.get("out"))
+    if op.endswith("_") and inputs:
+        writes |= storage_ids(inputs[0])
+    return reads, writes
+
+
+def multi_stream(ctx: RuleContext) -> Recommendation | None:
+    """Independent kernels serialized on one stream: consecutive kernels on a stream, launched by
+    different op calls on the detail step, where neither op writes storage the other reads or
+    writes (storage addresses recorded with the op shapes), and both grids are under one wave
+    (each leaves SMs idle). Saving: for each such pair, the shorter kernel's duration (what
+    overlapping them on two streams could hide), summed over the detail step; 2 % of the step or
+    more to fire."""
+    d = ctx.detail[ctx.detail["op_call"] >= 0]
+    if d.empty or not d["op_args"].str.contains("@", regex=False).any():
+        return None  # captured before gpudiag recorded storage addresses
+    calls = d.drop_duplicates("op_call")[["op_call", "op", "op_args"]]
+    access = {c: _reads_writes(a, o) for c, o, a in calls.itertuples(index=False)}  # once per op call
+    sms = max(ctx.peaks.sm_count, 1)
+    k = d.sort_values(["stream_id", "start_ns"])
+    blocks = k[["grid_x", "grid_y", "grid_z"]].fillna(1).prod(axis=1).to_numpy()
+    call, stream, dur = k["op_call"].to_numpy(), k["stream_id"].to_numpy(), k["duration_ns"].to_numpy(dtype=float)
+    pairs, saving = 0, 0.0
+    for i in range(len(k) - 1):  # kernels of one step (thousands), not of the whole capture
+        if stream[i] != stream[i + 1] or call[i] == call[i + 1] or blocks[i] >= sms or blocks[i + 1] >= sms:
+            continue
+        (r_a, w_a), (r_b, w_b) = access[call[i]], access[call[i + 1]]
+        if not (w_a & (r_b | w_b)) and not (r_a & w_b):
+            pairs += 1
+            saving += min(dur[i], dur[i + 1])
+    if saving < 0.02 * ctx.step_ns:
+        return None
+    return Recommendation(
+        "GD-MULTI-STREAM", "Independent small kernels run one after another on one stream", saving,
+        "per pair of consecutive independent kernels under one wave, the shorter one's duration (detail step)",
+        [f"{pairs} pairs of consecutive kernels on one stream with no data dependency and grids under {sms} blocks, "
+         f"{saving / 1e6:.2f} ms of the step could overlap", *_top(k, 1, 3)],
+        "Run independent branches on separate CUDA streams (`torch.cuda.Stream()` with `wait_stream` before their "
+        "consumers), batch them into one larger kernel (e.g. stack the towers' weights and use one bmm), or let "
+        "`torch.compile` fuse them.")
+
+
 def inference_quantization(ctx: RuleContext) -> Recommendation | None:
     """Inference steps (no backward phase) where tensor contractions take over half the step on a
     busy GPU: FP8 (or INT8) GEMMs are an option. Saving: contraction time x (1 - bf16 peak / fp8
@@ -439,10 +489,9 @@ def inference_quantization(ctx: RuleContext) -> Recommendation | None:
         "Quantize the linear layers to FP8 (e.g. torchao float8 or Transformer Engine) or INT8, and check accuracy.")
 
 
-# Not a rule yet: independent kernels serialized on one stream (needs data dependencies between ops,
-# which the op ranges do not record).
 RULES = (fp32_matmul, gemm_alignment, overhead_bound, host_syncs, pageable_copies, input_stall, unfused_optimizer,
-         unfused_attention, unfused_norm, small_grids, local_memory, uncoalesced, low_occupancy, inference_quantization)
+         unfused_attention, unfused_norm, small_grids, local_memory, uncoalesced, low_occupancy, multi_stream,
+         inference_quantization)
 
 
 # Rules whose only threshold is their saving: below 1 % of the step they are noise, not advice.

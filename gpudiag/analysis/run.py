@@ -258,7 +258,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     measured = st[st["measured"]]
     n = len(measured)
     measured_ids = set(measured["step"])
-    k = kernels.assign(**{c: attribution[c].to_numpy() for c in ("step", "phase", "module", "module_class", "op", "op_args")},
+    k = kernels.assign(**{c: attribution[c].to_numpy() for c in ("step", "phase", "module", "module_class", "op", "op_args",
+                                                                  "op_call")},
                        **{c: classes[c].to_numpy() for c in ("family", "kernel_class", "evidence", "intensity", "ridge", "efficiency",
                                                              "config_key", "flop", "math_path", "achieved_flop_per_s",
                                                              "achieved_bytes_per_s")})

@@ -119,12 +119,18 @@ def _dtype_name(dtype) -> str:
 
 
 def describe_value(value):
-    """JSON-able description of one aten argument: tensors as ``"bfloat16[32,768]"``, long tensor
-    lists summarised (optimizer foreach ops pass hundreds), scalars and small lists as they are."""
+    """JSON-able description of one aten argument: tensors as ``"bfloat16[32,768]@7f3a2c000000"``
+    (dtype, shape, storage address: which op wrote what another reads, for the dependency analysis),
+    long tensor lists summarised (optimizer foreach ops pass hundreds), scalars and small lists as
+    they are."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        return f"{_dtype_name(value.dtype)}[{','.join(str(s) for s in value.shape)}]"
+        text = f"{_dtype_name(value.dtype)}[{','.join(str(s) for s in value.shape)}]"
+        try:
+            return f"{text}@{value.untyped_storage().data_ptr():x}"
+        except (RuntimeError, NotImplementedError):  # tensors without storage (meta, sparse, subclasses)
+            return text
     if isinstance(value, (list, tuple)):
         if len(value) > 8 and all(isinstance(v, torch.Tensor) for v in value):
             return {
