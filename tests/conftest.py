@@ -28,6 +28,8 @@ EXPORTS = {
     "mlp_inference_b4096": FIXTURES / "mlp_inference_b4096.sqlite.xz",
     "kernel_pathologies": FIXTURES / "kernel_pathologies.sqlite.xz",
     "rmsnorm_train": FIXTURES / "rmsnorm_train.sqlite.xz",
+    "towers_inference": FIXTURES / "towers_inference.sqlite.xz",
+    "mlp_chain_b4096": FIXTURES / "mlp_chain_b4096.sqlite.xz",
 }
 NCU_REPORTS = {
     "mlp_decode": FIXTURES / "mlp_decode.ncu-rep.xz",  # gpudiag profile --ncu, same run as the export

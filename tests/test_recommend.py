@@ -3,6 +3,8 @@ silent on one that does not (all captured on an H200, see tests/fixtures and doc
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 POSITIVE_NEGATIVE = {
@@ -17,6 +19,7 @@ POSITIVE_NEGATIVE = {
     "GD-SMALL-GRID": ("swin_t_train_bf16", "gpt2_train_bf16"),  # LayerNorm's GammaBetaBackward on few blocks
     "GD-FP8-INFERENCE": ("mlp_inference_b4096", "mlp_decode"),  # GEMM-bound inference vs launch-bound decode
     "GD-UNFUSED-NORM": ("rmsnorm_train", "gpt2_train_bf16"),  # hand-written RMSNorm vs nn.LayerNorm
+    "GD-MULTI-STREAM": ("towers_inference", "mlp_chain_b4096"),  # 8 independent towers vs a dependent chain
 }
 
 
@@ -85,3 +88,14 @@ def test_ncu_rules_fire_on_pathological_kernels_only(analysed_with_ncu, rule_id)
     named = {"GD-LOCAL-MEMORY": "spilling_hist", "GD-UNCOALESCED": "strided_copy", "GD-LOW-OCCUPANCY": "smem_hog"}[rule_id]
     assert any(named in e for e in fired[rule_id]["evidence"])
     assert not any("clean_copy" in e for e in fired[rule_id]["evidence"])
+
+
+def test_multi_stream_critical_path(analysed):
+    """The eight towers: their kernels serialize to several times their dependency chain, since
+    every tower only reads the shared input; the chain MLP has no slack at all."""
+    _, towers = analysed("towers_inference")
+    rec = {r["rule_id"]: r for r in towers["recommendations"]}["GD-MULTI-STREAM"]
+    serialized, critical = (float(x) for x in re.findall(r"([\d.]+) ms", rec["evidence"][0]))
+    assert serialized > 3 * critical
+    _, legacy = analysed("mlp_decode")  # captured before storage addresses were recorded: no verdict
+    assert "GD-MULTI-STREAM" not in {r["rule_id"] for r in legacy["recommendations"]}

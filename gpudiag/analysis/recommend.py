@@ -421,52 +421,62 @@ def low_occupancy(ctx: RuleContext) -> Recommendation | None:
         "(ncu's Occupancy section names the limiter).")
 
 
-def _reads_writes(args: str, op: str) -> tuple[set, set]:
-    """Storage addresses an op call reads and writes, from its payload (in-place ops, named with a
-    trailing underscore, also write their first argument)."""
+def _access(args: str, op: str) -> tuple[set, set, set]:
+    """(reads, fresh outputs, in-place writes) of an op call as storage addresses, from its payload;
+    in-place ops (trailing underscore) write their first argument."""
     try:
         payload = json.loads(args)
     except ValueError:
-        return set(), set()
+        return set(), set(), set()
     inputs = payload.get("in", [])
-    reads, writes = storage_ids(inputs), storage_ids(payload.get("out"))
-    if op.endswith("_") and inputs:
-        writes |= storage_ids(inputs[0])
-    return reads, writes
+    inplace = storage_ids(inputs[0]) if op.endswith("_") and inputs else set()
+    return storage_ids(inputs), storage_ids(payload.get("out")) - inplace, inplace
 
 
 def multi_stream(ctx: RuleContext) -> Recommendation | None:
-    """Independent kernels serialized on one stream: consecutive kernels on a stream, launched by
-    different op calls on the detail step, where neither op writes storage the other reads or
-    writes (storage addresses recorded with the op shapes), and both grids are under one wave
-    (each leaves SMs idle). Saving: for each such pair, the shorter kernel's duration (what
-    overlapping them on two streams could hide), summed over the detail step; 2 % of the step or
-    more to fire."""
+    """Independent kernels serialized on one stream. On the detail step, op calls form a dependency
+    graph from the storage addresses recorded with their shapes: a call depends on the last writer
+    of every storage it reads (read-after-write), and an in-place call also on the readers since
+    (write-after-read). Reuse of a freed address by the caching allocator is not a dependency, so
+    fresh outputs add none. Kernels whose grid fills the GPU (at least one wave) are barriers: they
+    could not overlap anything. Saving: the serialized GPU time minus the critical path (what
+    unlimited streams could hide), 2 % of the step or more to fire."""
     d = ctx.detail[ctx.detail["op_call"] >= 0]
     if d.empty or not d["op_args"].str.contains("@", regex=False).any():
         return None  # captured before gpudiag recorded storage addresses
-    calls = d.drop_duplicates("op_call")[["op_call", "op", "op_args"]]
-    access = {c: _reads_writes(a, o) for c, o, a in calls.itertuples(index=False)}  # once per op call
     sms = max(ctx.peaks.sm_count, 1)
-    k = d.sort_values(["stream_id", "start_ns"])
-    blocks = k[["grid_x", "grid_y", "grid_z"]].fillna(1).prod(axis=1).to_numpy()
-    call, stream, dur = k["op_call"].to_numpy(), k["stream_id"].to_numpy(), k["duration_ns"].to_numpy(dtype=float)
-    pairs, saving = 0, 0.0
-    for i in range(len(k) - 1):  # kernels of one step (thousands), not of the whole capture
-        if stream[i] != stream[i + 1] or call[i] == call[i + 1] or blocks[i] >= sms or blocks[i + 1] >= sms:
-            continue
-        (r_a, w_a), (r_b, w_b) = access[call[i]], access[call[i + 1]]
-        if not (w_a & (r_b | w_b)) and not (r_a & w_b):
-            pairs += 1
-            saving += min(dur[i], dur[i + 1])
-    if saving < 0.02 * ctx.step_ns:
+    per_call = d.assign(blocks=d[["grid_x", "grid_y", "grid_z"]].fillna(1).prod(axis=1)).groupby("op_call").agg(
+        start=("start_ns", "min"), ns=("duration_ns", "sum"), blocks=("blocks", "max"), op=("op", "first"),
+        args=("op_args", "first"), stream=("stream_id", "first")).sort_values("start")
+    last_writer: dict[str, float] = {}  # storage -> finish time of its last writer on the critical path
+    readers_since: dict[str, float] = {}
+    barrier = finish_max = 0.0
+    for row in per_call.itertuples():  # op calls of one step (thousands)
+        reads, outputs, inplace = _access(row.args, row.op)
+        ready = max([barrier] + [last_writer.get(s, 0.0) for s in reads | inplace]
+                    + [readers_since.get(s, 0.0) for s in inplace])
+        if row.blocks >= sms:  # fills the GPU: waits for everything before it
+            ready = finish_max
+        finish = ready + row.ns
+        if row.blocks >= sms:
+            barrier = finish
+        for s in reads:
+            readers_since[s] = max(readers_since.get(s, 0.0), finish)
+        for s in outputs | inplace:
+            last_writer[s] = finish
+            readers_since.pop(s, None)
+        finish_max = max(finish_max, finish)
+    serialized = float(per_call["ns"].sum())
+    saving = serialized - finish_max
+    if saving < 0.02 * ctx.step_ns or per_call["stream"].nunique() > 1 and saving < 0.05 * ctx.step_ns:
         return None
     return Recommendation(
-        "GD-MULTI-STREAM", "Independent small kernels run one after another on one stream", saving,
-        "per pair of consecutive independent kernels under one wave, the shorter one's duration (detail step)",
-        [f"{pairs} pairs of consecutive kernels on one stream with no data dependency and grids under {sms} blocks, "
-         f"{saving / 1e6:.2f} ms of the step could overlap", *_top(k, 1, 3)],
-        "Run independent branches on separate CUDA streams (`torch.cuda.Stream()` with `wait_stream` before their "
+        "GD-MULTI-STREAM", "Independent kernels run one after another on one stream", saving,
+        "serialized GPU time of the detail step's op calls minus their critical path (dependencies from recorded "
+        "storage addresses; kernels filling the GPU act as barriers)",
+        [f"the detail step's kernels take {serialized / 1e6:.2f} ms serialized; their dependency chain needs "
+         f"{finish_max / 1e6:.2f} ms", f"{len(per_call)} op calls on {per_call['stream'].nunique()} stream(s)"],
+        "Run independent branches on separate CUDA streams (`torch.cuda.Stream()`, `wait_stream` before their "
         "consumers), batch them into one larger kernel (e.g. stack the towers' weights and use one bmm), or let "
         "`torch.compile` fuse them.")
 
