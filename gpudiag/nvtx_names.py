@@ -6,8 +6,9 @@ Formats (one line each):
 - step:   ``gpudiag:step 3``                      (NVTX start/end range, not thread-bound)
 - phase:  ``gpudiag:phase backward``              (push/pop on the thread that called backward/step)
 - module: ``gpudiag:module layers.0.attn|WindowAttention``  (qualified path | class name)
-- op:     ``gpudiag:op {"op":"aten::mm","in":["bfloat16[32,768]",...]}``  (JSON payload)
-- out:    ``gpudiag:out "bfloat16[32,3072]"``  an empty range nested at the end of its op's range,
+- op:     ``gpudiag:op {"op":"aten::mm","in":["bfloat16[32,768]@7f3a2c000000",...]}``  (JSON; each
+          tensor as dtype[shape]@storage address, for the data-dependency analysis)
+- out:    ``gpudiag:out "bfloat16[32,3072]@7f3a2c400000"``  an empty range nested at the end of its op's range,
           holding the op's outputs (JSON), which are known only after the call
 """
 
