@@ -21,6 +21,7 @@ from gpudiag.analysis.attribution import Steps, attribute, find_steps, launch_ca
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.classify import classify
 from gpudiag.analysis.families import kernel_label
+from gpudiag.analysis.fusion import fusion_candidates
 from gpudiag.analysis.timeline import (gpu_activities, idle_intervals, launch_stats, step_table,
                                        stream_gaps)
 from gpudiag.sources.ncu import read_ncu
@@ -328,6 +329,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     in_module = km[km["module"] != ""]
     recommendations = _recommendations(k, km, activities, idle, win, runtime_api, memcpy, steps, measured_ids,
                                        detail_step, n, step_ns, device_peaks, ncu) if n else []
+    candidates = (fusion_candidates(k[(k["step"] == detail_step) & (k["op"] != "")], device_peaks)
+                  if detail_step is not None else [])
     module_texts = nvtx["text"].dropna()
     module_texts = module_texts[module_texts.str.startswith(nvtx_names.MODULE)].str[len(nvtx_names.MODULE):].drop_duplicates()
     split = module_texts.str.rsplit("|", n=1)
@@ -391,6 +394,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "phases_ns_per_step": {p: float(v) for p, v in phases.items()},
         "top_kernels": top_kernels,
         "recommendations": recommendations,
+        "fusion_candidates": candidates,
         "operator_classes": _operator_classes(km) if n else [],
         "roofline_points": (points := _roofline_points(km, n)) if n else [],
         "below_roof": sorted([p for p in (points if n else []) if p["lost_ns_per_step"] is not None],

@@ -1,0 +1,166 @@
+"""Fusion candidates: chains of consecutive memory- or launch-bound kernels that one fused kernel
+could replace.
+
+On the detail step, op calls are taken in launch order. A chain grows while the next op call
+- runs on the same stream, in the same scope (the same module's forward, or the backward pass),
+- launched only bandwidth- or overhead-bound kernels (no GEMM, convolution or attention), and
+- reads a storage an op call of the chain read or wrote (storage addresses recorded with the op
+  shapes): it consumes what the chain produced, or shares its input (element-wise formulas are
+  small DAGs: GELU's x³ and 0.5·x both read x).
+A chain of two or more op calls is a candidate. Its fused floor is one pass over its external bytes
+(inputs it did not produce, and outputs read after it ends) at peak bandwidth, plus one launch
+(the calibrated or default eager launch cost). Saving per occurrence = the chain's kernel time -
+the floor. Identical chains (same op sequence and shapes) are grouped; candidates are ranked by
+saving x occurrences per step, with the module paths where they occur.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from gpudiag.analysis.costmodel import ITEMSIZE, _TENSOR
+from gpudiag.analysis.families import CONTRACTION_FAMILIES
+from gpudiag.analysis.peaks import DevicePeaks
+
+# Ops Inductor (torch.compile) fuses into generated pointwise/reduction kernels: element-wise math,
+# reductions, normalizations, softmax, casts, copies and layout changes (PyTorch's inductor lowering
+# table covers these aten ops). A chain made only of them is a "use torch.compile" candidate.
+INDUCTOR_FUSABLE = re.compile(
+    r"^aten::(add|sub|mul|div|pow|tanh|gelu|silu|relu|sigmoid|exp|log|sqrt|rsqrt|neg|abs|where|clamp|maximum|minimum|"
+    r"_to_copy|copy_|clone|contiguous|permute|transpose|view|reshape|roll|cat|sum|mean|amax|var|native_layer_norm|"
+    r"layer_norm|_softmax|softmax|_log_softmax|dropout|native_dropout|masked_fill|fill_|zero_|constant_pad_nd|"
+    r"index|slice|select|expand|gelu_backward|silu_backward|threshold_backward|tanh_backward|_softmax_backward_data|"
+    r"native_layer_norm_backward|mul_|add_|div_|sub_)(\.|$|_)")
+
+# Pattern signatures of the reference kernels (gpudiag/kernels): a regex over the chain's op names.
+REFERENCE_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("bias_gelu", r"(aten::add )?(aten::mul )?(aten::_to_copy )?aten::pow aten::mul aten::add aten::mul aten::tanh aten::add aten::mul"),
+    ("bias_gelu", r"aten::add aten::gelu"),
+    ("rms_norm", r"aten::pow aten::mean aten::add aten::rsqrt aten::mul"),
+    ("add_layer_norm", r"aten::add aten::native_layer_norm"),
+    ("bias_residual_add", r"aten::add aten::add"),
+)
+
+
+@dataclass
+class Candidate:
+    ops: list[str]
+    occurrences_per_step: int
+    modules: list[str]
+    chain_ns: float  # kernel time of one occurrence
+    fused_floor_ns: float
+    saving_ns_per_step: float
+    external_bytes: float
+    kernels_per_occurrence: int
+    compile_fusable: bool
+    reference_kernel: str | None
+    example_shapes: list = field(default_factory=list)
+
+
+def _parse(args: str, op: str) -> tuple[dict, set, set]:
+    """(storage -> bytes, reads, writes) of an op call from its payload."""
+    try:
+        payload = json.loads(args)
+    except ValueError:
+        return {}, set(), set()
+    sizes: dict[str, float] = {}
+
+    def walk(value, into: set) -> None:
+        if isinstance(value, str):
+            m = _TENSOR.match(value)
+            if m and m.group(3):
+                shape = [int(x) for x in m.group(2).split(",") if x]
+                sizes[m.group(3)] = float(np.prod(shape)) * ITEMSIZE.get(m.group(1), 4)
+                into.add(m.group(3))
+        elif isinstance(value, list):
+            for v in value:
+                walk(v, into)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v, into)
+
+    reads: set = set()
+    writes: set = set()
+    inputs = payload.get("in", [])
+    walk(inputs, reads)
+    walk(payload.get("out"), writes)
+    if op.endswith("_") and inputs:
+        walk(inputs[0], writes)
+    return sizes, reads, writes
+
+
+def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int = 10) -> list[dict]:
+    """Candidates from the detail step's kernels (columns: op_call, op, op_args, module, phase,
+    stream_id, start_ns, duration_ns, kernel_class, family), best first, as plain dicts. Empty for
+    captures made before gpudiag recorded storage addresses."""
+    d = detail[detail["op_call"] >= 0]
+    if d.empty or not d["op_args"].str.contains("@", regex=False).any():
+        return []
+    calls = d.groupby("op_call").agg(
+        start=("start_ns", "min"), ns=("duration_ns", "sum"), kernels=("duration_ns", "size"), op=("op", "first"),
+        args=("op_args", "first"), module=("module", "first"), phase=("phase", "first"), stream=("stream_id", "first"),
+        memory_bound=("kernel_class", lambda c: c.isin(["bandwidth", "overhead"]).all()),
+        contraction=("family", lambda f: f.isin(CONTRACTION_FAMILIES).any())).sort_values("start").reset_index()
+    parsed = [_parse(a, o) for a, o in zip(calls["args"], calls["op"])]  # once per op call of one step
+    sizes: dict[str, float] = {}
+    for s, _, _ in parsed:
+        sizes.update(s)
+    last_read: dict[str, int] = {}
+    for i, (_, reads, _) in enumerate(parsed):
+        for s in reads:
+            last_read[s] = i
+    eligible = (calls["memory_bound"] & ~calls["contraction"]).to_numpy()
+    scope = np.where(calls["phase"] == "forward", "fwd:" + calls["module"].astype(str), calls["phase"].astype(str))
+
+    chains: list[list[int]] = []
+    current: list[int] = []
+    touched: set = set()  # storages the chain read or wrote
+    for i in range(len(calls)):  # op calls of one step
+        continues = (current and eligible[i] and calls.at[i, "stream"] == calls.at[current[-1], "stream"]
+                     and scope[i] == scope[current[-1]] and parsed[i][1] & touched)
+        if continues:
+            current.append(i)
+            touched |= parsed[i][1] | parsed[i][2]
+            continue
+        if len(current) >= 2:
+            chains.append(current)
+        current = [i] if eligible[i] else []
+        touched = parsed[i][1] | parsed[i][2] if eligible[i] else set()
+    if len(current) >= 2:
+        chains.append(current)
+
+    groups: dict[tuple, dict] = {}
+    for chain in chains:
+        written = set().union(*(parsed[i][2] for i in chain))
+        inputs = set().union(*(parsed[i][1] for i in chain)) - written
+        end = chain[-1]
+        outputs = {s for s in written if last_read.get(s, -1) > end} | parsed[end][2]
+        external = sum(sizes.get(s, 0.0) for s in inputs | outputs)
+        floor = external / peaks.bandwidth * 1e9 + peaks.launch_overhead_ns if peaks.bandwidth else float("nan")
+        ops = [calls.at[i, "op"] for i in chain]
+        key = (tuple(ops), re.sub(r"@[0-9a-f]+", "", calls.at[chain[0], "args"]))  # same ops on the same shapes
+        g = groups.setdefault(key, {"ops": ops, "count": 0, "modules": set(), "ns": [], "floor": floor,
+                                    "bytes": external, "kernels": int(calls.loc[chain, "kernels"].sum()),
+                                    "shapes": json.loads(calls.at[chain[0], "args"]).get("in", [])[:3]})
+        g["count"] += 1
+        g["modules"].add(calls.at[chain[0], "module"] or calls.at[chain[0], "phase"])
+        g["ns"].append(float(calls.loc[chain, "ns"].sum()))
+
+    out = []
+    for g in groups.values():
+        chain_ns = float(np.median(g["ns"]))
+        saving = max(chain_ns - g["floor"], 0.0) * g["count"]
+        sequence = " ".join(g["ops"])
+        reference = next((name for name, pattern in REFERENCE_PATTERNS if re.search(pattern, sequence)), None)
+        out.append(asdict(Candidate(
+            ops=g["ops"], occurrences_per_step=g["count"], modules=sorted(g["modules"])[:8], chain_ns=chain_ns,
+            fused_floor_ns=g["floor"], saving_ns_per_step=saving, external_bytes=g["bytes"],
+            kernels_per_occurrence=g["kernels"],
+            compile_fusable=all(INDUCTOR_FUSABLE.match(o) for o in g["ops"]), reference_kernel=reference,
+            example_shapes=[re.sub(r"@[0-9a-f]+", "", s) if isinstance(s, str) else s for s in g["shapes"]])))
+    return sorted(out, key=lambda c: -c["saving_ns_per_step"])[:top]
