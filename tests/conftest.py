@@ -3,6 +3,11 @@ decompressed and analysed once per session."""
 
 from __future__ import annotations
 
+import os
+
+# Triton kernels run in Triton's interpreter on CPU tensors (set before anything imports triton).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import json
 import lzma
 import shutil

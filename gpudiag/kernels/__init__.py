@@ -1,0 +1,8 @@
+"""Reference fused kernels (Triton) that gpudiag recommends for the fusion candidates it finds.
+
+One module per kernel in :mod:`gpudiag.kernels.ops`, each with the Triton kernel(s), the launcher,
+an autograd Function, a drop-in function, and the PyTorch reference it must match. The registry
+(:mod:`gpudiag.kernels.registry`) ties them to the pattern names the candidate matcher uses.
+Tested on the CPU in Triton's interpreter (``TRITON_INTERPRET=1``) and timed on the GPU by
+``benchmarks/bench_kernels.py``.
+"""

@@ -1,0 +1,66 @@
+"""Timing of a reference kernel against the eager PyTorch chain it replaces and ``torch.compile`` of
+that chain, on the present GPU, at given shapes (``gpudiag kernels bench`` and
+``benchmarks/bench_kernels.py``).
+
+Times are ``triton.testing.do_bench`` medians (CUDA events, after warm-up; METHOD.md). Bytes are the
+fused kernel's minimum traffic (inputs read once, outputs written once); achieved bandwidth is
+reported as a share of the measured copy bandwidth when given.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _bytes(tensors, outputs) -> int:
+    return sum(t.numel() * t.element_size() for t in (*tensors, *outputs))
+
+
+def bench(name: str, rows: int, cols: int, dtype: torch.dtype = torch.bfloat16, backward: bool = False,
+          copy_bytes_per_s: float | None = None, with_compile: bool = True) -> dict:
+    """One measurement: eager_ms, fused_ms, compiled_ms (None if skipped or failed), fused_bytes,
+    fused_bandwidth_bytes_per_s, percent_of_copy_bandwidth, max_rel_error (fused vs eager output),
+    speedup_vs_eager, speedup_vs_compile. Raises RuntimeError without a CUDA GPU."""
+    import triton.testing
+
+    from gpudiag.kernels.registry import kernels
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("gpudiag kernels bench needs a CUDA GPU")
+    kernel = kernels()[name]
+    gen = torch.Generator().manual_seed(rows * 131 + cols)
+    inputs = kernel.make_inputs(rows, cols, dtype, "cuda", gen)
+    if backward:
+        inputs = [t.requires_grad_(True) for t in inputs]
+        dy = torch.randn(rows, cols, device="cuda", dtype=dtype)
+
+    def run(fn):
+        def step():
+            y = fn(*inputs)
+            if backward:
+                torch.autograd.grad(y, inputs, dy)
+            return y
+        return step
+
+    eager, fused = run(kernel.reference), run(kernel.fused)
+    with torch.no_grad():
+        y_ref, y = kernel.reference(*inputs), kernel.fused(*inputs)
+    error = ((y.float() - y_ref.float()).norm() / y_ref.float().norm()).item()
+    eager_ms = triton.testing.do_bench(eager, warmup=25, rep=100, return_mode="median")
+    fused_ms = triton.testing.do_bench(fused, warmup=25, rep=100, return_mode="median")
+    compiled_ms = None
+    if with_compile:
+        try:
+            compiled = run(torch.compile(kernel.reference, dynamic=False))
+            compiled()
+            compiled_ms = triton.testing.do_bench(compiled, warmup=25, rep=100, return_mode="median")
+        except Exception:  # noqa: BLE001 - report the run without the compiled column
+            compiled_ms = None
+    moved = _bytes(inputs, [y]) * (3 if backward else 1)  # fwd+bwd: x and dy read, dx written (about 3 passes)
+    bandwidth = moved / (fused_ms * 1e-3)
+    return {"kernel": name, "rows": rows, "cols": cols, "dtype": str(dtype).removeprefix("torch."), "backward": backward,
+            "eager_ms": eager_ms, "fused_ms": fused_ms, "compiled_ms": compiled_ms, "fused_bytes": moved,
+            "fused_bandwidth_bytes_per_s": bandwidth,
+            "percent_of_copy_bandwidth": 100 * bandwidth / copy_bytes_per_s if copy_bytes_per_s else None,
+            "max_rel_error": error, "speedup_vs_eager": eager_ms / fused_ms,
+            "speedup_vs_compile": compiled_ms / fused_ms if compiled_ms else None}
