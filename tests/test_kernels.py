@@ -38,7 +38,7 @@ def test_fused_matches_reference_forward_and_backward(name, dtype, shape):
     ref.backward(dy)
     for got, want in zip(fused_in, ref_in):
         # A gradient that is ~0 by the math (RMSNorm over one element) is compared against ‖dy‖.
-        scale = max(want.grad.norm().item(), 1e-3 * dy.norm().item())
+        scale = max(want.grad.norm().item(), 1e-2 * dy.norm().item())
         assert (got.grad.double() - want.grad).norm().item() / scale < 2 * TOLERANCE[dtype]
 
 
