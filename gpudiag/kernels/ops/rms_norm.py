@@ -3,7 +3,8 @@
 One program per row (the row fits one block: N up to 65536). Forward reads x and w once, writes y
 and the per-row rstd (fp32). Backward, with g = dy·w and r = rstd: dx = r·(g − x·r²·mean(g·x))
 (the derivative of x·r, Zhang & Sennrich 2019, "Root Mean Square Layer Normalization"); dw = Σ_rows
-dy·x·r (a PyTorch reduction). Math in fp32, storage in the input dtype.
+dy·x·r, accumulated per program over a stripe of rows in the same kernel, then a small sum of the
+per-program partials. Math in fp32, storage in the input dtype.
 """
 
 from __future__ import annotations
@@ -26,15 +27,27 @@ def _rms_norm_fwd(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, eps, BLOCK: tl.constexp
 
 
 @triton.jit
-def _rms_norm_bwd(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, n_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+def _rms_norm_bwd(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, n_rows, n_cols, rows_per_program,
+                  BLOCK: tl.constexpr):
+    # Each program walks a stripe of rows, writes their dx, and keeps its share of dw in registers
+    # (fp32); the partial sums are added by one small reduction afterwards.
+    pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(dy_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32) * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(rstd_ptr + row)
-    dot = tl.sum(g * x, axis=0) / n_cols
-    tl.store(dx_ptr + row * n_cols + cols, (r * (g - x * r * r * dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK], dtype=tl.float32)
+    first = pid * rows_per_program
+    for i in range(0, rows_per_program):
+        row = first + i
+        if row < n_rows:
+            x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+            r = tl.load(rstd_ptr + row)
+            g = dy * w
+            dot = tl.sum(g * x, axis=0) / n_cols
+            tl.store(dx_ptr + row * n_cols + cols, (r * (g - x * r * r * dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+            dw += dy * x * r
+    tl.store(dw_partial_ptr + pid * n_cols + cols, dw, mask=mask)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -59,11 +72,16 @@ def rms_norm_forward(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> tup
 def rms_norm_backward(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of :func:`rms_norm_forward`."""
     x2, dy2 = _rows(x), _rows(dy)
+    n_rows, n_cols = x2.shape
     dx = torch.empty_like(x2)
-    block = triton.next_power_of_2(x2.shape[1])
-    _rms_norm_bwd[(x2.shape[0],)](x2, w.contiguous(), dy2, rstd, dx, x2.shape[1], BLOCK=block)
-    dw = (dy2.float() * x2.float() * rstd[:, None]).sum(0).to(w.dtype)
-    return dx.reshape(x.shape), dw
+    block = triton.next_power_of_2(n_cols)
+    # About 4 programs per SM on a GPU (enough to fill it, few partial rows to add up)
+    programs = min(n_rows, 4 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 8)
+    rows_per_program = triton.cdiv(n_rows, programs)
+    programs = triton.cdiv(n_rows, rows_per_program)
+    dw_partial = torch.empty(programs, n_cols, dtype=torch.float32, device=x.device)
+    _rms_norm_bwd[(programs,)](x2, w.contiguous(), dy2, rstd, dx, dw_partial, n_rows, n_cols, rows_per_program, BLOCK=block)
+    return dx.reshape(x.shape), dw_partial.sum(0).to(w.dtype)
 
 
 class RMSNormFunction(torch.autograd.Function):
