@@ -39,14 +39,15 @@ def _rms_norm_bwd(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, n_rows
     first = pid * rows_per_program
     for i in range(0, rows_per_program):
         row = first + i
-        if row < n_rows:
-            x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-            r = tl.load(rstd_ptr + row)
-            g = dy * w
-            dot = tl.sum(g * x, axis=0) / n_cols
-            tl.store(dx_ptr + row * n_cols + cols, (r * (g - x * r * r * dot)).to(dx_ptr.dtype.element_ty), mask=mask)
-            dw += dy * x * r
+        row_ok = row < n_rows  # the last stripe may be short: masked, not branched
+        m = mask & row_ok
+        x = tl.load(x_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
+        r = tl.load(rstd_ptr + row, mask=row_ok, other=0.0)
+        g = dy * w
+        dot = tl.sum(g * x, axis=0) / n_cols
+        tl.store(dx_ptr + row * n_cols + cols, (r * (g - x * r * r * dot)).to(dx_ptr.dtype.element_ty), mask=m)
+        dw += dy * x * r
     tl.store(dw_partial_ptr + pid * n_cols + cols, dw, mask=mask)
 
 
