@@ -27,13 +27,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="three shapes only")
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--kernels", default="bias_gelu,rms_norm", help="comma-separated kernel names")
     args = parser.parse_args()
     import torch
 
     copy_rate = 2 * (2 << 30) / (_copy_ms(2 << 30, torch.device("cuda")) * 1e-3)
     print(f"copy bandwidth {copy_rate / 1e12:.2f} TB/s ({torch.cuda.get_device_name()})", flush=True)
     rows = []
-    for name in ("bias_gelu", "rms_norm"):
+    for name in args.kernels.split(","):
         for shape in [SHAPES[0], SHAPES[2], SHAPES[3]] if args.quick else SHAPES:
             for backward in (False, True):
                 r = bench(name, *shape, dtype=torch.bfloat16, backward=backward, copy_bytes_per_s=copy_rate)

@@ -27,8 +27,8 @@ def _rms_norm_fwd(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, eps, BLOCK: tl.constexp
 
 
 @triton.jit
-def _rms_norm_bwd(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, n_rows, n_cols, rows_per_program,
-                  BLOCK: tl.constexpr):
+def _rms_norm_bwd(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, n_rows, n_cols,
+                  ROWS_PER_PROGRAM: tl.constexpr, BLOCK: tl.constexpr):
     # Each program walks a stripe of rows, writes their dx, and keeps its share of dw in registers
     # (fp32); the partial sums are added by one small reduction afterwards.
     pid = tl.program_id(0)
@@ -36,8 +36,8 @@ def _rms_norm_bwd(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, n_rows
     mask = cols < n_cols
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK], dtype=tl.float32)
-    first = pid * rows_per_program
-    for i in range(0, rows_per_program):
+    first = pid * ROWS_PER_PROGRAM
+    for i in range(0, ROWS_PER_PROGRAM):  # a compile-time trip count (one compilation per shape)
         row = first + i
         row_ok = row < n_rows  # the last stripe may be short: masked, not branched
         m = mask & row_ok
@@ -81,7 +81,8 @@ def rms_norm_backward(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, dy: 
     rows_per_program = triton.cdiv(n_rows, programs)
     programs = triton.cdiv(n_rows, rows_per_program)
     dw_partial = torch.empty(programs, n_cols, dtype=torch.float32, device=x.device)
-    _rms_norm_bwd[(programs,)](x2, w.contiguous(), dy2, rstd, dx, dw_partial, n_rows, n_cols, rows_per_program, BLOCK=block)
+    _rms_norm_bwd[(programs,)](x2, w.contiguous(), dy2, rstd, dx, dw_partial, n_rows, n_cols,
+                               ROWS_PER_PROGRAM=rows_per_program, BLOCK=block)
     return dx.reshape(x.shape), dw_partial.sum(0).to(w.dtype)
 
 
