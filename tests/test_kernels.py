@@ -51,3 +51,22 @@ def test_leading_dimensions_and_errors():
         kernel.fused(x, torch.ones(48))
     with pytest.raises(ValueError, match="does not match the last dimension"):
         kernels()["bias_gelu"].fused(x, torch.ones(48))
+
+
+def test_every_reference_pattern_has_a_kernel():
+    from gpudiag.analysis.fusion import REFERENCE_PATTERNS
+
+    assert {name for name, _ in REFERENCE_PATTERNS} == set(kernels())
+
+
+def test_kernels_cli_without_a_gpu():
+    from click.testing import CliRunner
+
+    from gpudiag.cli.main import cli
+
+    listed = CliRunner().invoke(cli, ["kernels", "list"])
+    assert listed.exit_code == 0 and "rms_norm" in listed.output and "bias_gelu" in listed.output
+    unknown = CliRunner().invoke(cli, ["kernels", "bench", "nope"])
+    assert unknown.exit_code == 2 and "no reference kernel 'nope'" in unknown.output
+    no_gpu = CliRunner().invoke(cli, ["kernels", "bench", "rms_norm"])
+    assert no_gpu.exit_code == 2 and "needs a CUDA GPU" in no_gpu.output

@@ -8,6 +8,7 @@ import click
 from gpudiag import __version__
 from gpudiag.cli import calibrate as calibrate_cmd
 from gpudiag.cli import gate as gate_cmd
+from gpudiag.cli import kernels as kernels_cmd
 from gpudiag.cli import profile as profile_cmd
 from gpudiag.cli import report as report_cmd
 
@@ -30,3 +31,4 @@ cli.add_command(report_cmd.report)
 cli.add_command(gate_cmd.gate)
 cli.add_command(gate_cmd.baseline)
 cli.add_command(calibrate_cmd.calibrate)
+cli.add_command(kernels_cmd.kernels)

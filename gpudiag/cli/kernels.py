@@ -1,0 +1,63 @@
+"""``gpudiag kernels``: the bundled reference fused kernels."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from gpudiag.cli.errors import UserError
+
+
+@click.group()
+def kernels() -> None:
+    """Reference fused kernels (Triton) for the fusion candidates gpudiag finds."""
+
+
+@kernels.command("list")
+def list_kernels() -> None:
+    """List the reference kernels and the op chains they replace."""
+    from gpudiag.analysis.fusion import REFERENCE_PATTERNS
+
+    for name, pattern in REFERENCE_PATTERNS:
+        click.echo(f"{name:18s} {pattern}")
+
+
+@kernels.command("bench")
+@click.argument("name")
+@click.option("--shape", "shapes", multiple=True, default=["16384,4096"], show_default=True,
+              help="ROWS,COLS to time (repeatable), e.g. your recorded activation shape.")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--backward", is_flag=True, help="Time forward + backward.")
+@click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
+def bench_cmd(name: str, shapes: tuple[str, ...], dtype: str, backward: bool, as_json: bool) -> None:
+    """Time NAME on this GPU against the eager PyTorch chain and torch.compile of it, checking outputs.
+
+    \b
+    Example:
+        gpudiag kernels bench rms_norm --shape 32768,1024 --backward
+    """
+    try:
+        import torch
+
+        from gpudiag.kernels.bench import bench
+        from gpudiag.kernels.registry import kernels as registry
+    except ImportError as exc:
+        raise UserError(f"gpudiag kernels needs PyTorch and Triton on the GPU machine ({exc}): pip install torch triton") from None
+    if name not in registry():
+        raise UserError(f"no reference kernel {name!r}; available: {', '.join(sorted(registry()))}")
+    if not torch.cuda.is_available():
+        raise UserError("gpudiag kernels bench needs a CUDA GPU: run it on the GPU machine")
+    try:
+        parsed = [tuple(int(v) for v in s.split(",")) for s in shapes]
+    except ValueError:
+        raise UserError(f"--shape {shapes}: use ROWS,COLS, e.g. --shape 32768,1024") from None
+    results = [bench(name, rows, cols, getattr(torch, dtype), backward) for rows, cols in parsed]
+    if as_json:
+        click.echo(json.dumps(results, indent=1))
+        return
+    for r in results:
+        compiled = f"{r['compiled_ms']:.3f} ms" if r["compiled_ms"] else "–"
+        click.echo(f"{name} {r['rows']}x{r['cols']} {r['dtype']}{' fwd+bwd' if backward else ''}: eager {r['eager_ms']:.3f} ms, "
+                   f"fused {r['fused_ms']:.3f} ms, torch.compile {compiled}; {r['fused_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; "
+                   f"output error {r['max_rel_error']:.1e}")
