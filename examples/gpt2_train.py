@@ -18,19 +18,37 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--fused-gelu", action="store_true",
+                        help="replace each block's NewGELU with gpudiag's fused Triton GELU (the top fusion candidate)")
+    parser.add_argument("--time", action="store_true", help="print the median step time (CUDA events, after 3 warm-up steps)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_positions=args.seq)).cuda().train()
+    if args.fused_gelu:
+        from gpudiag.kernels.ops.bias_gelu import FusedGelu
+
+        for block in model.transformer.h:
+            block.mlp.act = FusedGelu()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), device="cuda")
-    for _ in range(args.steps):
+    times = []
+    for step in range(args.steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.amp == "bf16"):
             loss = model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         optimizer.step()
+        end.record()
+        if args.time and step >= 3:
+            end.synchronize()
+            times.append(start.elapsed_time(end))
     torch.cuda.synchronize()
+    if args.time:
+        times.sort()
+        print(f"median step time {times[len(times) // 2]:.3f} ms over {len(times)} steps (fused_gelu={args.fused_gelu})")
 
 
 if __name__ == "__main__":

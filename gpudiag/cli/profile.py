@@ -33,6 +33,52 @@ def _cached_calibration(export: Path, run_dir: Path) -> dict | None:
     return entry
 
 
+def verify_candidates(report: dict, top: int = 3, echo=print) -> int:
+    """Time the reference kernel of the ``top`` fusion candidates that have one, at the shape of the
+    chain's first input (rows = all leading dimensions, cols = the last), forward and forward +
+    backward; attaches the measurements to each candidate as ``verified``. Returns how many ran."""
+    import re as _re
+
+    import torch
+
+    from gpudiag.kernels.bench import bench
+
+    ran = 0
+    for cand in [c for c in report.get("fusion_candidates", []) if c.get("reference_kernel")][:top]:
+        first = next((s for s in cand.get("example_shapes", []) if isinstance(s, str)), None)
+        m = _re.match(r"^([a-z0-9]+)\[([0-9,]+)\]", first or "")
+        if not m or not hasattr(torch, m.group(1)):
+            continue
+        dims = [int(v) for v in m.group(2).split(",")]
+        rows, cols = int(torch.tensor(dims[:-1]).prod()) if len(dims) > 1 else 1, dims[-1]
+        dtype = getattr(torch, m.group(1))
+        echo(f"[verify] {cand['reference_kernel']} at {rows}x{cols} {m.group(1)}")
+        cand["verified"] = {"forward": bench(cand["reference_kernel"], rows, cols, dtype, backward=False),
+                            "forward_backward": bench(cand["reference_kernel"], rows, cols, dtype, backward=True)}
+        ran += 1
+    return ran
+
+
+def _verify(run_dir: Path, echo) -> None:
+    report_path = run_dir / "report.json"
+    if not report_path.exists():
+        echo("--verify skipped: no report.json (the analysis did not run)")
+        return
+    report = json.loads(report_path.read_text())
+    try:
+        ran = verify_candidates(report, echo=echo)
+    except (ImportError, RuntimeError) as exc:  # no Triton, no GPU
+        echo(f"--verify skipped: {exc}")
+        return
+    if ran:
+        from gpudiag.cli.report import write_reports
+
+        write_reports(report, run_dir)
+        echo(f"[verify] {ran} candidate(s) measured; report: {run_dir / 'report.html'}")
+    else:
+        echo("--verify: no fusion candidate with a reference kernel in this run")
+
+
 def default_run_dir(script: Path) -> Path:
     """``gpudiag-runs/<script stem>-<YYYYmmdd-HHMMSS>``, relative to the current directory."""
     return Path("gpudiag-runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -65,10 +111,12 @@ def prepare_run_dir(run_dir: Path, force: bool) -> None:
               help="How many kernel names (by total time) --ncu replays.")
 @click.option("--ncu-max-kernels", type=click.IntRange(min=1), default=400, show_default=True,
               help="At most this many kernel launches profiled by --ncu.")
+@click.option("--verify", is_flag=True, help="Time the reference kernel of each top fusion candidate at the recorded "
+              "shapes on this GPU (eager vs fused vs torch.compile, outputs checked) and show it in the report.")
 @analysis_options
 def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, force: bool, nsys_path: str | None,
             detail_step: int | None, no_module_ranges: bool, no_op_ranges: bool, no_analysis: bool,
-            use_ncu: bool, ncu_top: int, ncu_max_kernels: int, options: AnalysisOptions) -> None:
+            use_ncu: bool, ncu_top: int, ncu_max_kernels: int, verify: bool, options: AnalysisOptions) -> None:
     """Profile SCRIPT on this GPU and write a run directory with report.html and report.json.
 
     Arguments after ``--`` go to the script; its exit code becomes gpudiag's. If the script
@@ -125,4 +173,6 @@ def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, fo
                                calibration=calibration)
     elif use_ncu:
         click.echo("--ncu skipped: no detail step with kernels (profile with op ranges and at least warm-up + 1 steps)")
+    if verify:
+        _verify(run_dir, echo=click.echo)
     raise SystemExit(code)

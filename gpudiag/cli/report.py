@@ -88,6 +88,12 @@ def read_calibration(path: Path, gpu: str | None) -> dict:
     return data
 
 
+def write_reports(result: dict, out_dir: Path) -> None:
+    """report.json and report.html of ``result`` in ``out_dir``."""
+    json_report.write(result, out_dir / "report.json")
+    html.write(result, out_dir / "report.html")
+
+
 def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, status: dict | None = None,
                        as_json: bool = False, ncu: Path | None = None, calibration: dict | None = None,
                        top: int = 20) -> dict:
@@ -112,8 +118,7 @@ def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, st
                          top=top)
     except AnalysisError as exc:
         raise UserError(f"{export}: {exc}", exit_code=3) from None
-    json_report.write(result, out_dir / "report.json")
-    html.write(result, out_dir / "report.html")
+    write_reports(result, out_dir)
     if as_json:
         click.echo(json_report.to_json(result))
     else:

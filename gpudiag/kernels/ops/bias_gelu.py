@@ -88,6 +88,14 @@ def bias_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return BiasGelu.apply(x, b)
 
 
+class FusedGelu(torch.nn.Module):
+    """Drop-in for a tanh-approximation GELU module (e.g. GPT-2's NewGELUActivation): the fused
+    kernel with a zero bias (the preceding linear layer already added its own)."""
+
+    def forward(self, x):
+        return bias_gelu(x, torch.zeros(x.shape[-1], device=x.device, dtype=x.dtype))
+
+
 def reference(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The eager PyTorch chain the kernel replaces."""
     return torch.nn.functional.gelu(x + b, approximate="tanh")
