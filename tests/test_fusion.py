@@ -30,3 +30,19 @@ def test_no_data_flow_no_candidates(analysed):
     """Captures made before storage addresses were recorded give no candidates rather than guesses."""
     _, report = analysed("swin_t_train_bf16")
     assert report["fusion_candidates"] == []
+
+
+def test_report_renders_verified_and_unverified_candidates(analysed, tmp_path):
+    """A candidate measured by --verify shows its timings; the others render without them."""
+    import copy
+
+    from gpudiag.reports import html
+
+    _, report = analysed("gpt2_train_bf16")
+    r = copy.deepcopy(report)
+    timing = {"rows": 4096, "cols": 3072, "eager_ms": 0.244, "fused_ms": 0.081, "compiled_ms": 0.092,
+              "percent_of_copy_bandwidth": 77.6, "max_rel_error": 0.0029}
+    r["fusion_candidates"][0]["verified"] = {"forward": timing, "forward_backward": timing}
+    page = html.render(r)
+    assert "measured at 4096×3072" in page and "torch.compile 92" in page
+    assert page.count("measured at") == 1
