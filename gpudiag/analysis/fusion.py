@@ -43,6 +43,9 @@ REFERENCE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("bias_gelu", r"aten::pow aten::mul aten::add aten::mul aten::tanh aten::add aten::mul"),  # tanh GELU, e.g. GPT-2
     ("bias_gelu", r"aten::add aten::gelu"),
     ("rms_norm", r"aten::pow aten::mean aten::add aten::rsqrt aten::mul"),  # LLaMA-style hand-written RMSNorm
+    ("swiglu", r"aten::silu aten::mul"),  # LLaMA's gated MLP
+    ("geglu", r"aten::gelu aten::mul"),
+    ("add_layer_norm", r"aten::add aten::native_layer_norm"),  # pre-norm residual + LayerNorm
 )
 
 

@@ -32,20 +32,24 @@ def bench(name: str, rows: int, cols: int, dtype: torch.dtype = torch.bfloat16, 
     inputs = kernel.make_inputs(rows, cols, dtype, "cuda", gen)
     if backward:
         inputs = [t.requires_grad_(True) for t in inputs]
-        dy = torch.randn(rows, cols, device="cuda", dtype=dtype)
+
+    def outputs(value):
+        return list(value) if isinstance(value, tuple) else [value]
+
+    grads = [torch.randn_like(o) for o in outputs(kernel.reference(*inputs))] if backward else []
 
     def run(fn):
         def step():
-            y = fn(*inputs)
+            y = outputs(fn(*inputs))
             if backward:
-                torch.autograd.grad(y, inputs, dy)
+                torch.autograd.grad(y, inputs, grads)
             return y
         return step
 
     eager, fused = run(kernel.reference), run(kernel.fused)
     with torch.no_grad():
-        y_ref, y = kernel.reference(*inputs), kernel.fused(*inputs)
-    error = ((y.float() - y_ref.float()).norm() / y_ref.float().norm()).item()
+        y_ref, y = outputs(kernel.reference(*inputs)), outputs(kernel.fused(*inputs))
+    error = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(y, y_ref))
     eager_ms = triton.testing.do_bench(eager, warmup=25, rep=100, return_mode="median")
     fused_ms = triton.testing.do_bench(fused, warmup=25, rep=100, return_mode="median")
     compiled_ms = None
@@ -56,7 +60,7 @@ def bench(name: str, rows: int, cols: int, dtype: torch.dtype = torch.bfloat16, 
             compiled_ms = triton.testing.do_bench(compiled, warmup=25, rep=100, return_mode="median")
         except Exception:  # noqa: BLE001 - report the run without the compiled column
             compiled_ms = None
-    moved = _bytes(inputs, [y]) * (3 if backward else 1)  # fwd+bwd: x and dy read, dx written (about 3 passes)
+    moved = _bytes(inputs, y) * (3 if backward else 1)  # fwd+bwd: x and dy read, dx written (about 3 passes)
     bandwidth = moved / (fused_ms * 1e-3)
     return {"kernel": name, "rows": rows, "cols": cols, "dtype": str(dtype).removeprefix("torch."), "backward": backward,
             "eager_ms": eager_ms, "fused_ms": fused_ms, "compiled_ms": compiled_ms, "fused_bytes": moved,
