@@ -41,7 +41,7 @@ def main() -> None:
                 rows.append(r)
                 print(f"{name:9s} {shape} {'fwd+bwd' if backward else 'fwd':7s} eager {r['eager_ms']:.3f} ms  fused "
                       f"{r['fused_ms']:.3f} ms  compile {r['compiled_ms'] or float('nan'):.3f} ms  "
-                      f"{r['percent_of_copy_bandwidth']:.0f} % of copy BW  err {r['max_rel_error']:.1e}", flush=True)
+                      f"{r['percent_of_copy_bandwidth'] or float('nan'):.0f} % of copy BW  err {r['max_rel_error']:.1e}", flush=True)
     table = pd.DataFrame(rows)[["kernel", "rows", "cols", "backward", "eager_ms", "fused_ms", "compiled_ms",
                                 "speedup_vs_eager", "speedup_vs_compile", "percent_of_copy_bandwidth", "max_rel_error"]]
     text = table.to_markdown(index=False, floatfmt=".3g")
