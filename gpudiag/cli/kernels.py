@@ -58,8 +58,6 @@ def bench_cmd(name: str, shapes: tuple[str, ...], dtype: str, backward: bool, as
         return
     for r in results:
         compiled = f"{r['compiled_ms']:.3f} ms" if r["compiled_ms"] else "–"
+        bandwidth = f"{r['fused_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; " if r["fused_bandwidth_bytes_per_s"] else ""
         click.echo(f"{name} {r['rows']}x{r['cols']} {r['dtype']}{' fwd+bwd' if backward else ''}: eager {r['eager_ms']:.3f} ms, "
-                   f"fused {r['fused_ms']:.3f} ms, torch.compile {compiled}; "
-                   + (f"{r['fused_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; " if r["fused_bandwidth_bytes_per_s"] else "") +
-                   f"
-                   f"output error {r['max_rel_error']:.1e}")
+                   f"fused {r['fused_ms']:.3f} ms, torch.compile {compiled}; {bandwidth}output error {r['max_rel_error']:.1e}")
