@@ -46,3 +46,13 @@ def test_report_renders_verified_and_unverified_candidates(analysed, tmp_path):
     page = html.render(r)
     assert "measured at 4096×3072" in page and "torch.compile 92" in page
     assert page.count("measured at") == 1
+
+
+def test_verify_advice_picks_the_fastest():
+    """Where torch.compile (or eager) beats the reference kernel at the user's shape, the report
+    says to use it instead (issue 4: 'let the report recommend compile instead')."""
+    from gpudiag.cli.profile import advice
+
+    assert advice({"fused_ms": 0.20, "compiled_ms": 0.15, "eager_ms": 0.40}).startswith("use torch.compile")
+    assert advice({"fused_ms": 0.12, "compiled_ms": 0.24, "eager_ms": 0.06}).startswith("use eager")
+    assert advice({"fused_ms": 0.10, "compiled_ms": None, "eager_ms": 0.30}).startswith("use the reference kernel")

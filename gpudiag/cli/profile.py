@@ -55,8 +55,18 @@ def verify_candidates(report: dict, top: int = 3, echo=print) -> int:
         echo(f"[verify] {cand['reference_kernel']} at {rows}x{cols} {m.group(1)}")
         cand["verified"] = {"forward": bench(cand["reference_kernel"], rows, cols, dtype, backward=False),
                             "forward_backward": bench(cand["reference_kernel"], rows, cols, dtype, backward=True)}
+        cand["advice"] = advice(cand["verified"]["forward_backward"])  # training runs both passes
         ran += 1
     return ran
+
+
+def advice(timing: dict) -> str:
+    """What to use at this shape, from a --verify measurement: the fastest of the fused kernel,
+    torch.compile of the chain, and eager (the kernel is recommended only where it wins)."""
+    options = {"the reference kernel": timing["fused_ms"], "torch.compile": timing.get("compiled_ms"), "eager": timing["eager_ms"]}
+    best = min((k for k, v in options.items() if v), key=lambda k: options[k])
+    return f"use {best} at this shape (fastest of fused {timing['fused_ms'] * 1e3:.0f} µs, " + ", ".join(
+        f"{k} {v * 1e3:.0f} µs" for k, v in options.items() if v and k != "the reference kernel") + ", forward+backward)"
 
 
 def _verify(run_dir: Path, echo) -> None:
