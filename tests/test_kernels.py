@@ -14,7 +14,7 @@ from gpudiag.kernels.registry import kernels  # noqa: E402
 
 # Relative error bounds by dtype (METHOD.md: fp32 far under 1e-3, bf16 operands 1e-3..1e-2).
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-SHAPES = [(7, 49), (3, 1000), (2, 4097), (1, 1)]
+SHAPES = [(7, 49), (3, 1000), (2, 4097), (1, 1), (37, 49), (100, 130)]  # the last two run several rows per program
 
 
 def rel(a, b):
@@ -69,14 +69,48 @@ def test_every_reference_pattern_has_a_kernel():
     assert {name for name, _ in REFERENCE_PATTERNS} == set(kernels())
 
 
-def test_kernels_cli_without_a_gpu():
+def test_kernels_cli_without_a_gpu(monkeypatch):
     from click.testing import CliRunner
 
     from gpudiag.cli.main import cli
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     listed = CliRunner().invoke(cli, ["kernels", "list"])
     assert listed.exit_code == 0 and "rms_norm" in listed.output and "bias_gelu" in listed.output
     unknown = CliRunner().invoke(cli, ["kernels", "bench", "nope"])
     assert unknown.exit_code == 2 and "no reference kernel 'nope'" in unknown.output
     no_gpu = CliRunner().invoke(cli, ["kernels", "bench", "rms_norm"])
     assert no_gpu.exit_code == 2 and "needs a CUDA GPU" in no_gpu.output
+
+
+def test_non_contiguous_inputs_and_mixed_dtypes():
+    """Views (a strided bias, a transposed activation) give the same results as contiguous copies;
+    mixed dtypes are refused rather than silently rounded."""
+    from gpudiag.kernels.ops import add_layer_norm, bias_gelu
+
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(64, 33, generator=gen).t()  # (33, 64), transposed
+    big = torch.randn(128, generator=gen)
+    b = big[::2]  # (64,), stride 2
+    xs, bs = x.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    xc, bc = x.contiguous().double().requires_grad_(True), b.contiguous().double().requires_grad_(True)
+    y = bias_gelu.bias_gelu(xs, bs)
+    ref = bias_gelu.reference(xc, bc)
+    assert rel(y, ref) < 1e-5
+    dy = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    y.backward(dy.float())
+    ref.backward(dy)
+    assert rel(xs.grad, xc.grad) < 1e-5 and rel(bs.grad, bc.grad) < 1e-5
+    w_big = torch.randn(128, generator=gen)
+    xr, rr = torch.randn(9, 64, generator=gen), torch.randn(9, 64, generator=gen)
+    args = [t.clone().requires_grad_(True) for t in (xr, rr, w_big[::2], b)]
+    ref_args = [t.contiguous().double().requires_grad_(True) for t in (xr, rr, w_big[::2], b)]
+    outs, refs = add_layer_norm.add_layer_norm(*args), add_layer_norm.reference(*ref_args)
+    torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    torch.autograd.backward(refs, [torch.ones_like(o) for o in refs])
+    for got, want in zip(args, ref_args):
+        assert rel(got.grad, want.grad) < 1e-5
+    with pytest.raises(ValueError, match="one dtype"):
+        add_layer_norm.add_layer_norm(xr.bfloat16(), rr, torch.ones(64), torch.zeros(64))
+    with pytest.raises(ValueError, match="one dtype"):
+        kernels()["rms_norm"].fused(xr.bfloat16(), torch.ones(64))

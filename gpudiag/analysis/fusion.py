@@ -112,19 +112,27 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int = 10) -
     sizes: dict[str, float] = {}
     for s, _, _ in parsed:
         sizes.update(s)
-    last_read: dict[str, int] = {}
-    for i, (_, reads, _) in enumerate(parsed):
+    # Accesses per storage in order, to tell a chain's real inputs and outputs from addresses the
+    # caching allocator reused for other tensors.
+    accesses: dict[str, list[tuple[int, str]]] = {}
+    for i, (_, reads, writes) in enumerate(parsed):
         for s in reads:
-            last_read[s] = i
+            accesses.setdefault(s, []).append((i, "r"))
+        for s in writes:
+            accesses.setdefault(s, []).append((i, "w"))
     eligible = (calls["memory_bound"] & ~calls["contraction"]).to_numpy()
     scope = np.where(calls["phase"] == "forward", "fwd:" + calls["module"].astype(str), calls["phase"].astype(str))
+
+    def same_scope(a: str, b: str) -> bool:
+        # a module and its children count as one scope (a block's residual add, then its child ln_2)
+        return a == b or (a.startswith("fwd:") and b.startswith("fwd:") and (a.startswith(b + ".") or b.startswith(a + ".")))
 
     chains: list[list[int]] = []
     current: list[int] = []
     touched: set = set()  # storages the chain read or wrote
     for i in range(len(calls)):  # op calls of one step
         continues = (current and eligible[i] and calls.at[i, "stream"] == calls.at[current[-1], "stream"]
-                     and scope[i] == scope[current[-1]] and parsed[i][1] & touched)
+                     and same_scope(scope[i], scope[current[-1]]) and parsed[i][1] & touched)
         if continues:
             current.append(i)
             touched |= parsed[i][1] | parsed[i][2]
@@ -138,10 +146,16 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int = 10) -
 
     groups: dict[tuple, dict] = {}
     for chain in chains:
-        written = set().union(*(parsed[i][2] for i in chain))
-        inputs = set().union(*(parsed[i][1] for i in chain)) - written
-        end = chain[-1]
-        outputs = {s for s in written if last_read.get(s, -1) > end} | parsed[end][2]
+        first, end = chain[0], chain[-1]
+        touched_here = set().union(*(parsed[i][1] | parsed[i][2] for i in chain))
+        inputs, outputs = set(), set()
+        for s in touched_here:
+            inside = [a for a in accesses[s] if first <= a[0] <= end]
+            after = [a for a in accesses[s] if a[0] > end]
+            if inside and inside[0][1] == "r":
+                inputs.add(s)  # read before the chain wrote it: comes from outside
+            if any(k == "w" for _, k in inside) and (after[:1] and after[0][1] == "r" or s in parsed[end][2]):
+                outputs.add(s)  # read after the chain before being overwritten (or the chain's result)
         external = sum(sizes.get(s, 0.0) for s in inputs | outputs)
         floor = external / peaks.bandwidth * 1e9 + peaks.launch_overhead_ns if peaks.bandwidth else float("nan")
         ops = [calls.at[i, "op"] for i in chain]
@@ -158,7 +172,8 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int = 10) -
         chain_ns = float(np.median(g["ns"]))
         saving = max(chain_ns - g["floor"], 0.0) * g["count"]
         sequence = " ".join(g["ops"])
-        reference = next((name for name, pattern in REFERENCE_PATTERNS if re.search(pattern, sequence)), None)
+        # whole op names only: "aten::gelu" must not match "aten::gelu_backward"
+        reference = next((name for name, pattern in REFERENCE_PATTERNS if re.search(rf"(?:^| ){pattern}(?= |$)", sequence)), None)
         out.append(asdict(Candidate(
             ops=g["ops"], occurrences_per_step=g["count"], modules=sorted(g["modules"])[:8], chain_ns=chain_ns,
             fused_floor_ns=g["floor"], saving_ns_per_step=saving, external_bytes=g["bytes"],

@@ -42,16 +42,20 @@ def bench_cmd(name: str, shapes: tuple[str, ...], dtype: str, backward: bool, as
 
         from gpudiag.kernels.bench import bench
         from gpudiag.kernels.registry import kernels as registry
+
+        available = registry()
     except ImportError as exc:
         raise UserError(f"gpudiag kernels needs PyTorch and Triton on the GPU machine ({exc}): pip install torch triton") from None
-    if name not in registry():
+    if name not in available:
         raise UserError(f"no reference kernel {name!r}; available: {', '.join(sorted(registry()))}")
     if not torch.cuda.is_available():
         raise UserError("gpudiag kernels bench needs a CUDA GPU: run it on the GPU machine")
     try:
         parsed = [tuple(int(v) for v in s.split(",")) for s in shapes]
     except ValueError:
-        raise UserError(f"--shape {shapes}: use ROWS,COLS, e.g. --shape 32768,1024") from None
+        parsed = []
+    if not parsed or any(len(p) != 2 for p in parsed):
+        raise UserError(f"--shape {', '.join(shapes)}: use ROWS,COLS, e.g. --shape 32768,1024")
     results = [bench(name, rows, cols, getattr(torch, dtype), backward) for rows, cols in parsed]
     if as_json:
         click.echo(json.dumps(results, indent=1))

@@ -43,19 +43,27 @@ def verify_candidates(report: dict, top: int = 3, echo=print) -> int:
 
     from gpudiag.kernels.bench import bench
 
+    training = "backward" in (report.get("phases_ns_per_step") or {})
     ran = 0
     for cand in [c for c in report.get("fusion_candidates", []) if c.get("reference_kernel")][:top]:
-        first = next((s for s in cand.get("example_shapes", []) if isinstance(s, str)), None)
-        m = _re.match(r"^([a-z0-9]+)\[([0-9,]+)\]", first or "")
-        if not m or not hasattr(torch, m.group(1)):
+        # the activation: the first floating-point tensor with at least two dimensions
+        shape = next((m for m in (_re.match(r"^(float16|bfloat16|float32)\[(\d+(?:,\d+)+)\]", s)
+                                  for s in cand.get("example_shapes", []) if isinstance(s, str)) if m), None)
+        if shape is None:
+            echo(f"[verify] {cand['reference_kernel']}: no 2-D+ float input recorded, skipped")
             continue
-        dims = [int(v) for v in m.group(2).split(",")]
-        rows, cols = int(torch.tensor(dims[:-1]).prod()) if len(dims) > 1 else 1, dims[-1]
-        dtype = getattr(torch, m.group(1))
-        echo(f"[verify] {cand['reference_kernel']} at {rows}x{cols} {m.group(1)}")
-        cand["verified"] = {"forward": bench(cand["reference_kernel"], rows, cols, dtype, backward=False),
-                            "forward_backward": bench(cand["reference_kernel"], rows, cols, dtype, backward=True)}
-        cand["advice"] = advice(cand["verified"]["forward_backward"])  # training runs both passes
+        dims = [int(v) for v in shape.group(2).split(",")]
+        rows, cols, dtype = int(torch.tensor(dims[:-1]).prod()), dims[-1], getattr(torch, shape.group(1))
+        echo(f"[verify] {cand['reference_kernel']} at {rows}x{cols} {shape.group(1)}")
+        try:
+            cand["verified"] = {"forward": bench(cand["reference_kernel"], rows, cols, dtype, backward=False)}
+            if training:
+                cand["verified"]["forward_backward"] = bench(cand["reference_kernel"], rows, cols, dtype, backward=True)
+        except Exception as exc:  # noqa: BLE001 - one failed measurement (OOM, unsupported width) must not lose the others
+            echo(f"[verify] {cand['reference_kernel']} at {rows}x{cols}: not measured ({type(exc).__name__}: {exc})")
+            cand.pop("verified", None)
+            continue
+        cand["advice"] = advice(cand["verified"]["forward_backward" if training else "forward"])
         ran += 1
     return ran
 
@@ -65,8 +73,9 @@ def advice(timing: dict) -> str:
     torch.compile of the chain, and eager (the kernel is recommended only where it wins)."""
     options = {"the reference kernel": timing["fused_ms"], "torch.compile": timing.get("compiled_ms"), "eager": timing["eager_ms"]}
     best = min((k for k, v in options.items() if v), key=lambda k: options[k])
+    which = "forward+backward" if timing.get("backward") else "forward"
     return f"use {best} at this shape (fastest of fused {timing['fused_ms'] * 1e3:.0f} µs, " + ", ".join(
-        f"{k} {v * 1e3:.0f} µs" for k, v in options.items() if v and k != "the reference kernel") + ", forward+backward)"
+        f"{k} {v * 1e3:.0f} µs" for k, v in options.items() if v and k != "the reference kernel") + f", {which})"
 
 
 def _verify(run_dir: Path, echo) -> None:

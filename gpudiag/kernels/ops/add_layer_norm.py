@@ -17,7 +17,7 @@ import triton.language as tl
 
 @triton.jit
 def _add_ln_fwd(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # int64: rows x cols may pass 2^31
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     s = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32) + tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
@@ -39,7 +39,7 @@ def _add_ln_fwd(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, n_
 @triton.jit
 def _add_ln_bwd(s_ptr, w_ptr, dy_ptr, ds_res_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
                 n_rows, n_cols, ROWS_PER_PROGRAM: tl.constexpr, BLOCK: tl.constexpr, HAS_DS_RES: tl.constexpr):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -77,6 +77,10 @@ class AddLayerNormFunction(torch.autograd.Function):
         if x.shape != r.shape or w.shape != (x.shape[-1],) or b.shape != (x.shape[-1],):
             raise ValueError(f"x {tuple(x.shape)}, residual {tuple(r.shape)}, weight {tuple(w.shape)} and bias "
                              f"{tuple(b.shape)} do not match")
+        if len({x.dtype, r.dtype, w.dtype, b.dtype}) > 1:
+            # e.g. an fp32 residual stream under autocast: the fused sum would be rounded to x's dtype
+            raise ValueError(f"x, residual, weight and bias must have one dtype (got {x.dtype}, {r.dtype}, {w.dtype}, "
+                             f"{b.dtype}): cast them (eager would promote)")
         x2, r2 = _rows(x), _rows(r)
         n_rows, n_cols = x2.shape
         s, y = torch.empty_like(x2), torch.empty_like(x2)
@@ -84,7 +88,7 @@ class AddLayerNormFunction(torch.autograd.Function):
         rstd = torch.empty_like(mean)
         _add_ln_fwd[(n_rows,)](x2, r2, w.contiguous(), b.contiguous(), s, y, mean, rstd, n_cols, eps,
                                BLOCK=triton.next_power_of_2(n_cols))
-        ctx.save_for_backward(s, w, mean, rstd)
+        ctx.save_for_backward(s, w.contiguous(), mean, rstd)
         return y.reshape(x.shape), s.reshape(x.shape)
 
     @staticmethod
@@ -103,7 +107,7 @@ class AddLayerNormFunction(torch.autograd.Function):
                                  n_rows, n_cols, ROWS_PER_PROGRAM=rows_per_program,
                                  BLOCK=triton.next_power_of_2(n_cols), HAS_DS_RES=has_res)
         dx = dx.reshape(dy.shape)
-        return dx, dx, dw_partial.sum(0).to(w.dtype), db_partial.sum(0).to(w.dtype), None
+        return dx, dx, dw_partial.sum(0).to(w.dtype), db_partial.sum(0).to(w.dtype), None  # w and b share a dtype
 
 
 def add_layer_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor,

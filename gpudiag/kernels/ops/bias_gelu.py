@@ -26,7 +26,7 @@ def _tanh(z):
 
 @triton.jit
 def _bias_gelu_fwd(x_ptr, b_ptr, y_ptr, numel, n_cols, BLOCK: tl.constexpr, K: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: tensors past 2^31 elements
     mask = offs < numel
     u = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32) + tl.load(b_ptr + offs % n_cols, mask=mask, other=0.0).to(tl.float32)
     t = _tanh(K * (u + 0.044715 * u * u * u))
@@ -35,7 +35,7 @@ def _bias_gelu_fwd(x_ptr, b_ptr, y_ptr, numel, n_cols, BLOCK: tl.constexpr, K: t
 
 @triton.jit
 def _bias_gelu_bwd(x_ptr, b_ptr, dy_ptr, dx_ptr, numel, n_cols, BLOCK: tl.constexpr, K: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: tensors past 2^31 elements
     mask = offs < numel
     u = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32) + tl.load(b_ptr + offs % n_cols, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -47,6 +47,8 @@ def _bias_gelu_bwd(x_ptr, b_ptr, dy_ptr, dx_ptr, numel, n_cols, BLOCK: tl.conste
 def _check(x: torch.Tensor, b: torch.Tensor) -> None:
     if x.shape[-1] != b.shape[0] or b.dim() != 1:
         raise ValueError(f"bias of shape {tuple(b.shape)} does not match the last dimension of x {tuple(x.shape)}")
+    if x.dtype != b.dtype:
+        raise ValueError(f"x ({x.dtype}) and bias ({b.dtype}) must have one dtype: cast one (eager would promote)")
 
 
 def bias_gelu_forward(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -59,12 +61,15 @@ def bias_gelu_forward(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def bias_gelu_backward(x: torch.Tensor, b: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, db) for y = gelu_tanh(x + b); db = dx summed over all but the last dimension (fp32 sum)."""
+def bias_gelu_backward(x: torch.Tensor, b: torch.Tensor, dy: torch.Tensor,
+                       need_db: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dx, db) for y = gelu_tanh(x + b); db = dx summed over all but the last dimension (fp32 sum),
+    or None when ``need_db`` is false."""
+    x, b, dy = x.contiguous(), b.contiguous(), dy.contiguous()
     dx = torch.empty_like(x)
     numel = x.numel()
     _bias_gelu_bwd[(triton.cdiv(numel, BLOCK),)](x, b, dy.contiguous(), dx, numel, x.shape[-1], BLOCK=BLOCK, K=SQRT_2_OVER_PI)
-    db = dx.reshape(-1, x.shape[-1]).sum(0, dtype=torch.float32).to(b.dtype)
+    db = dx.reshape(-1, x.shape[-1]).sum(0, dtype=torch.float32).to(b.dtype) if need_db else None
     return dx, db
 
 
@@ -80,7 +85,7 @@ class BiasGelu(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, b = ctx.saved_tensors
-        return bias_gelu_backward(x, b, dy)
+        return bias_gelu_backward(x, b, dy, need_db=ctx.needs_input_grad[1])
 
 
 def bias_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -93,6 +98,7 @@ class FusedGelu(torch.nn.Module):
     kernel with a zero bias (the preceding linear layer already added its own)."""
 
     def forward(self, x):
+        # a zero bias that needs no gradient: the backward skips the bias reduction
         return bias_gelu(x, torch.zeros(x.shape[-1], device=x.device, dtype=x.dtype))
 
 

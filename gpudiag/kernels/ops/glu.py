@@ -31,7 +31,7 @@ def _act_and_grad(a, ACT: tl.constexpr, K: tl.constexpr):
 
 @triton.jit
 def _glu_fwd(a_ptr, b_ptr, y_ptr, numel, BLOCK: tl.constexpr, ACT: tl.constexpr, K: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: tensors past 2^31 elements
     mask = offs < numel
     a = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -41,7 +41,7 @@ def _glu_fwd(a_ptr, b_ptr, y_ptr, numel, BLOCK: tl.constexpr, ACT: tl.constexpr,
 
 @triton.jit
 def _glu_bwd(a_ptr, b_ptr, dy_ptr, da_ptr, db_ptr, numel, BLOCK: tl.constexpr, ACT: tl.constexpr, K: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: tensors past 2^31 elements
     mask = offs < numel
     a = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -55,6 +55,8 @@ def glu_forward(a: torch.Tensor, b: torch.Tensor, activation: int = SILU) -> tor
     """act(a) · b for same-shape a and b. Raises ValueError on a shape mismatch."""
     if a.shape != b.shape:
         raise ValueError(f"gate {tuple(a.shape)} and value {tuple(b.shape)} must have the same shape")
+    if a.dtype != b.dtype:
+        raise ValueError(f"gate ({a.dtype}) and value ({b.dtype}) must have one dtype: cast one (eager would promote)")
     a, b = a.contiguous(), b.contiguous()
     y = torch.empty_like(a)
     _glu_fwd[(triton.cdiv(a.numel(), BLOCK),)](a, b, y, a.numel(), BLOCK=BLOCK, ACT=activation, K=SQRT_2_OVER_PI)

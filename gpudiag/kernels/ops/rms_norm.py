@@ -16,7 +16,7 @@ import triton.language as tl
 
 @triton.jit
 def _rms_norm_fwd(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # int64: rows x cols may pass 2^31
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
@@ -31,7 +31,7 @@ def _rms_norm_bwd(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, n_rows
                   ROWS_PER_PROGRAM: tl.constexpr, BLOCK: tl.constexpr):
     # Each program walks a stripe of rows, writes their dx, and keeps its share of dw in registers
     # (fp32); the partial sums are added by one small reduction afterwards.
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -60,6 +60,8 @@ def rms_norm_forward(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> tup
     Raises ValueError if w does not match N or N exceeds 65536."""
     if w.shape != (x.shape[-1],):
         raise ValueError(f"weight of shape {tuple(w.shape)} does not match the last dimension of x {tuple(x.shape)}")
+    if x.dtype != w.dtype:
+        raise ValueError(f"x ({x.dtype}) and weight ({w.dtype}) must have one dtype: cast one (eager would promote)")
     if x.shape[-1] > 65536:
         raise ValueError("rows longer than 65536 elements are not supported by this one-block-per-row kernel")
     x2 = _rows(x)
