@@ -343,9 +343,10 @@ def small_grids(ctx: RuleContext) -> Recommendation | None:
         return None
     saving = float((k["duration_ns"] * (1 - blocks[k.index] / sms)).sum()) / ctx.n_steps
     return Recommendation(
-        "GD-SMALL-GRID", "Long kernels run on a fraction of the SMs (grid under one wave)", saving,
+        "GD-SMALL-GRID", "Long kernels run on under half of the SMs", saving,
         "their time x (1 - blocks / SMs)",
-        [f"{k['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step in kernels over 20 µs with fewer than {sms} blocks",
+        [f"{k['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step in kernels over 20 µs with fewer than {sms // 2} blocks "
+         f"({sms} SMs)",
          *_top(k, ctx.n_steps)],
         "Batch the work (larger batch, or horizontal fusion of independent small ops), use split-K for skinny GEMMs, "
         "or pick a kernel with more parallelism.")

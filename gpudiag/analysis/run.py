@@ -327,10 +327,10 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         })
 
     in_module = km[km["module"] != ""]
-    recommendations = _recommendations(k, km, activities, idle, win, runtime_api, memcpy, steps, measured_ids,
-                                       detail_step, n, step_ns, device_peaks, ncu) if n else []
-    candidates = (fusion_candidates(k[(k["step"] == detail_step) & (k["op"] != "")], device_peaks)
-                  if detail_step is not None else [])
+    detail = k[(k["step"] == detail_step) & (k["op"] != "")] if detail_step is not None else k.iloc[0:0]
+    recommendations = _recommendations(km, detail, idle, runtime_api, memcpy, steps, measured_ids, n, step_ns,
+                                       device_peaks, ncu) if n else []
+    candidates = fusion_candidates(detail, device_peaks)
     module_texts = nvtx["text"].dropna()
     module_texts = module_texts[module_texts.str.startswith(nvtx_names.MODULE)].str[len(nvtx_names.MODULE):].drop_duplicates()
     split = module_texts.str.rsplit("|", n=1)
@@ -417,28 +417,27 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     }
 
 
-def _recommendations(k, km, activities, idle, win, runtime_api, memcpy, steps, measured_ids, detail_step, n, step_ns,
+def _recommendations(km, detail, idle, runtime_api, memcpy, steps, measured_ids, n, step_ns,
                      device_peaks, ncu) -> list[dict]:
     """Build the rules' context (measured steps only) and run them (:mod:`gpudiag.analysis.recommend`)."""
     from gpudiag.analysis.recommend import RuleContext, recommend
 
-    def in_steps(df: pd.DataFrame) -> pd.DataFrame:
-        if df.empty:
-            return df.assign(step=pd.Series(dtype=int))
-        calls = launch_calls(df, runtime_api) if "correlation_id" in df and "name" not in df else df.rename(
-            columns={"start_ns": "api_start_ns"})[["api_start_ns"]]
-        idx = window_index(steps.table["start_ns"].to_numpy(), steps.table["end_ns"].to_numpy(),
-                           calls["api_start_ns"].to_numpy(dtype=float))
+    def measured_only(df: pd.DataFrame, host_ns: np.ndarray) -> pd.DataFrame:
+        """``df`` with the step whose host window holds ``host_ns``, measured steps only."""
+        idx = window_index(steps.table["start_ns"].to_numpy(), steps.table["end_ns"].to_numpy(), host_ns)
         step = np.where(idx >= 0, steps.table["step"].to_numpy()[np.maximum(idx, 0)], -1)
         return df.assign(step=step)[lambda d: d["step"].isin(measured_ids)]
+
+    api = measured_only(runtime_api, runtime_api["start_ns"].to_numpy(dtype=float)) if not runtime_api.empty else runtime_api
+    copies = (measured_only(memcpy, launch_calls(memcpy, runtime_api)["api_start_ns"].to_numpy(dtype=float))
+              if not memcpy.empty else memcpy.assign(step=pd.Series(dtype=int)))
 
     # Idle before a step's first kernel is the input stall (copies such as the previous step's
     # `.item()` may run earlier in the window, so "before the first kernel", not "at the window start").
     first_kernel = km.groupby("step")["start_ns"].min()
     idle_ctx = idle[idle["step"].isin(measured_ids)].copy()
     idle_ctx["at_step_start"] = idle_ctx["end_ns"].to_numpy() <= idle_ctx["step"].map(first_kernel).to_numpy()
-    detail = k[(k["step"] == detail_step) & (k["op"] != "")] if detail_step is not None else k.iloc[0:0]
-    ctx = RuleContext(km=km, detail=detail, api=in_steps(runtime_api), memcpy=in_steps(memcpy), idle=idle_ctx,
+    ctx = RuleContext(km=km, detail=detail, api=api, memcpy=copies, idle=idle_ctx,
                       n_steps=n, step_ns=step_ns, peaks=device_peaks, ncu=ncu, measured_steps=sorted(measured_ids))
     return recommend(ctx)
 
