@@ -35,6 +35,8 @@ EXPORTS = {
     "rmsnorm_train": FIXTURES / "rmsnorm_train.sqlite.xz",
     "towers_inference": FIXTURES / "towers_inference.sqlite.xz",
     "mlp_chain_b4096": FIXTURES / "mlp_chain_b4096.sqlite.xz",
+    # Swin-T bf16 recaptured with storage addresses (data flow), timm 1.0.29; capture_swin.sh
+    "swin_t_train_bf16_dataflow": FIXTURES / "swin_t_train_bf16_dataflow.sqlite.xz",
 }
 NCU_REPORTS = {
     "mlp_decode": FIXTURES / "mlp_decode.ncu-rep.xz",  # gpudiag profile --ncu, same run as the export

@@ -40,7 +40,7 @@ def test_report_renders_verified_and_unverified_candidates(analysed, tmp_path):
 
     _, report = analysed("gpt2_train_bf16")
     r = copy.deepcopy(report)
-    timing = {"rows": 4096, "cols": 3072, "eager_ms": 0.244, "fused_ms": 0.081, "compiled_ms": 0.092,
+    timing = {"shape": [4096, 3072], "eager_ms": 0.244, "fused_ms": 0.081, "compiled_ms": 0.092,
               "percent_of_copy_bandwidth": 77.6, "max_rel_error": 0.0029}
     r["fusion_candidates"][0]["verified"] = {"forward": timing, "forward_backward": timing}
     page = html.render(r)
@@ -56,3 +56,25 @@ def test_verify_advice_picks_the_fastest():
     assert advice({"fused_ms": 0.20, "compiled_ms": 0.15, "eager_ms": 0.40}).startswith("use torch.compile")
     assert advice({"fused_ms": 0.12, "compiled_ms": 0.24, "eager_ms": 0.06}).startswith("use eager")
     assert advice({"fused_ms": 0.10, "compiled_ms": None, "eager_ms": 0.30}).startswith("use the reference kernel")
+
+
+def test_swin_window_chains_follow_the_pad_memcpy(analysed):
+    """Swin's shifted blocks run LayerNorm -> roll -> pad -> window partition; the zero pad copies by
+    a device-to-device memcpy (an op call without a kernel), yet the chain is one candidate, matched
+    to the fused LayerNorm + roll + partition kernel; its inverse (window reverse, roll back,
+    DropPath, residual add) to the other window kernel."""
+    _, report = analysed("swin_t_train_bf16_dataflow")
+    cands = report["fusion_candidates"]
+    by_kernel = {c["reference_kernel"]: c for c in cands if c["reference_kernel"]}
+    partition = by_kernel["ln_roll_window_partition"]
+    assert partition["ops"][-3:] == ["aten::native_layer_norm", "aten::roll", "aten::clone"]
+    assert partition["modules"] == ["layers.0.blocks.1.norm1"]
+    # LayerNorm and the two roll kernels (one per rolled dimension) and the partition copy
+    assert partition["kernels_per_occurrence"] == 4
+    # external bytes: the fp32 input (read), the partitioned output (written); LayerNorm's own
+    # saved mean/rstd are small, so about 2 x 38.5 MB
+    assert 2 * 38.5e6 <= partition["external_bytes"] < 2.1 * 38.5e6
+    reverse = by_kernel["window_reverse_roll_add"]
+    assert reverse["ops"][:2] == ["aten::clone", "aten::roll"] and "aten::add" in reverse["ops"]
+    savings = [c["saving_ns_per_step"] for c in cands]
+    assert savings == sorted(savings, reverse=True) and partition["saving_ns_per_step"] > 0

@@ -14,7 +14,7 @@ from gpudiag.kernels.registry import kernels  # noqa: E402
 
 # Relative error bounds by dtype (METHOD.md: fp32 far under 1e-3, bf16 operands 1e-3..1e-2).
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-SHAPES = [(7, 49), (3, 1000), (2, 4097), (1, 1), (37, 49), (100, 130)]  # the last two run several rows per program
+CASES = [(name, shape) for name, kernel in kernels().items() for shape in kernel.test_shapes]
 
 
 def rel(a, b):
@@ -25,28 +25,33 @@ def outputs(value):
     return list(value) if isinstance(value, tuple) else [value]
 
 
-@pytest.mark.parametrize("name", ["bias_gelu", "rms_norm", "swiglu", "geglu", "add_layer_norm"])
+@pytest.mark.parametrize("name,shape", CASES, ids=[f"{n}-{'x'.join(map(str, s))}" for n, s in CASES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape", SHAPES)
 def test_fused_matches_reference_forward_and_backward(name, dtype, shape):
     kernel = kernels()[name]
+    reference = kernel.exact_reference or kernel.reference
     gen = torch.Generator().manual_seed(zlib.crc32(f"{name}{dtype}{shape}".encode()))  # fresh inputs per case, reproducible
-    inputs = kernel.make_inputs(*shape, dtype, "cpu", gen)
-    fused_in = [t.clone().requires_grad_(True) for t in inputs]
-    ref_in = [t.clone().double().requires_grad_(True) for t in inputs]  # reference in float64
+    inputs = kernel.make_inputs(shape, dtype, "cpu", gen)
+    # float inputs take gradients (the reference runs in float64); integer ones (labels) pass as they are
+    fused_in = [t.clone().requires_grad_(True) if t.is_floating_point() else t for t in inputs]
+    ref_in = [t.clone().double().requires_grad_(True) if t.is_floating_point() else t for t in inputs]
     ys = outputs(kernel.fused(*fused_in))
-    refs = outputs(kernel.reference(*ref_in))
+    refs = outputs(reference(*ref_in))
     for y, ref in zip(ys, refs):
         assert y.dtype == dtype and y.shape == ref.shape
         assert torch.isfinite(y).all()  # every element written (torch.empty outputs are not zeroed)
         assert rel(y, ref) < TOLERANCE[dtype]
+    if not kernel.backward:
+        return
     dys = [torch.randn(ref.shape, generator=gen, dtype=torch.float64) for ref in refs]
     dy = dys[0]
-    torch.autograd.backward(ys, [d.to(dtype) for d in dys])
+    torch.autograd.backward(ys, [d.to(y.dtype) for d, y in zip(dys, ys)])
     torch.autograd.backward(refs, dys)
-    if shape[1] == 1 and name in ("rms_norm", "add_layer_norm"):
+    if shape[-1] == 1 and name in ("rms_norm", "add_layer_norm"):
         return  # normalizing one element: the input gradient is ~0 and only rounding noise is left
     for got, want in zip(fused_in, ref_in):
+        if not want.is_floating_point() or want.grad is None:
+            continue
         # A gradient that is ~0 by the math is compared against ‖dy‖ rather than itself.
         scale = max(want.grad.norm().item(), 1e-2 * dy.norm().item())
         assert (got.grad.double() - want.grad).norm().item() / scale < 2 * TOLERANCE[dtype]
@@ -114,3 +119,38 @@ def test_non_contiguous_inputs_and_mixed_dtypes():
         add_layer_norm.add_layer_norm(xr.bfloat16(), rr, torch.ones(64), torch.zeros(64))
     with pytest.raises(ValueError, match="one dtype"):
         kernels()["rms_norm"].fused(xr.bfloat16(), torch.ones(64))
+
+
+def test_swin_window_kernels_drop_path_dtypes_and_errors():
+    """The window kernels with DropPath's per-sample scale, a bf16 branch added to an fp32 residual
+    (autocast: the result is fp32, as eager promotes), the autocast cast folded into the partition,
+    and one-line errors for grids that are not whole windows."""
+    from gpudiag.kernels.ops import swin_window as sw
+
+    gen = torch.Generator().manual_seed(3)
+    B, H, W, C = 3, 14, 21, 12
+    windows = torch.randn(B * H * W // 49, 49, C, generator=gen).bfloat16()
+    residual = torch.randn(B, H, W, C, generator=gen)
+    scale = torch.tensor([0.0, 1.25, 1.25])  # sample 0 dropped
+    w_in, r_in = windows.clone().requires_grad_(True), residual.clone().requires_grad_(True)
+    out = sw.window_reverse_roll_add(w_in, r_in, 7, 3, scale)
+    ref_w, ref_r = windows.double().requires_grad_(True), residual.double().requires_grad_(True)
+    ref = sw.reference_reverse(ref_w, ref_r, 7, 3, scale.double())
+    assert out.dtype == torch.float32 and rel(out, ref) < 1e-6
+    assert torch.equal(out[0], residual[0])  # the dropped sample is the residual alone
+    dout = torch.randn(out.shape, generator=gen)
+    out.backward(dout)
+    ref.backward(dout.double())
+    assert w_in.grad.dtype == torch.bfloat16 and rel(w_in.grad, ref_w.grad) < 1e-2
+    assert torch.equal(r_in.grad, dout)  # the residual's gradient passes through
+    x = torch.randn(2, 14, 14, 8, generator=gen)
+    w, b = torch.randn(8, generator=gen), torch.randn(8, generator=gen)
+    y = sw.ln_roll_partition(x, w, b, 7, 3, out_dtype=torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and y.shape == (8, 49, 8)
+    assert rel(y, sw.reference(x.double(), w.double(), b.double(), 7, 3)) < 1e-2
+    with pytest.raises(ValueError, match="multiples of the window 7"):
+        sw.ln_roll_partition(torch.randn(1, 10, 14, 8), w, b, 7, 3)
+    with pytest.raises(ValueError, match="do not match C=8"):
+        sw.ln_roll_partition(x, torch.ones(9), b, 7, 3)
+    with pytest.raises(ValueError, match="do not hold the tokens"):
+        sw.window_reverse_roll_add(windows[:-1], residual, 7, 3)

@@ -39,7 +39,12 @@ INDUCTOR_FUSABLE = re.compile(
 
 # Pattern signatures of the reference kernels in gpudiag/kernels (a regex over the chain's op
 # names); only kernels that exist are listed, so a candidate never points at a missing one.
+# The first pattern that matches names the kernel, so the more specific ones come first.
 REFERENCE_PATTERNS: tuple[tuple[str, str], ...] = (
+    # Swin's shifted-window blocks (timm): LayerNorm, roll, pad (a memcpy) and window partition ...
+    ("ln_roll_window_partition", r"(aten::_to_copy )?aten::native_layer_norm aten::roll aten::clone"),
+    # ... and after attention: window reverse, roll back, DropPath, residual add
+    ("window_reverse_roll_add", r"aten::clone aten::roll (aten::bernoulli_ aten::div_ aten::mul )?aten::add"),
     ("bias_gelu", r"aten::pow aten::mul aten::add aten::mul aten::tanh aten::add aten::mul"),  # tanh GELU, e.g. GPT-2
     ("bias_gelu", r"aten::add aten::gelu"),
     ("rms_norm", r"aten::pow aten::mean aten::add aten::rsqrt aten::mul"),  # LLaMA-style hand-written RMSNorm
@@ -96,10 +101,16 @@ def _parse(args: str, op: str) -> tuple[dict, set, set]:
     return sizes, reads, writes
 
 
-def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int = 10) -> list[dict]:
+def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int = 10,
+                      op_payloads: list[str] | None = None) -> list[dict]:
     """Candidates from the detail step's kernels (columns: op_call, op, op_args, module, phase,
     stream_id, start_ns, duration_ns, kernel_class, family), best first, as plain dicts. Empty for
-    captures made before gpudiag recorded storage addresses."""
+    captures made before gpudiag recorded storage addresses.
+
+    ``op_payloads`` (JSON payload of every op range, indexed by op_call) adds the op calls that
+    launched no kernel to the data flow: a view keeps its storage, but ``F.pad`` with zero padding
+    or a same-dtype ``copy_`` makes a new storage by a device-to-device memcpy, and without them a
+    chain (Swin's LayerNorm -> roll -> pad -> window partition) would look broken."""
     d = detail[detail["op_call"] >= 0]
     if d.empty or not d["op_args"].str.contains("@", regex=False).any():
         return []
@@ -109,17 +120,28 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int = 10) -
         memory_bound=("kernel_class", lambda c: c.isin(["bandwidth", "overhead"]).all()),
         contraction=("family", lambda f: f.isin(CONTRACTION_FAMILIES).any())).sort_values("start").reset_index()
     parsed = [_parse(a, o) for a, o in zip(calls["args"], calls["op"])]  # once per op call of one step
+    op_call = calls["op_call"].to_numpy()
+    # Op calls without kernels between two kernel-launching ones (by op_call, the host's order).
+    between: dict[int, tuple[dict, set, set]] = {}
+    if op_payloads is not None and len(op_call):
+        kernel_calls = set(op_call.tolist())
+        for c in range(int(op_call.min()), min(int(op_call.max()), len(op_payloads) - 1) + 1):
+            if c not in kernel_calls:
+                name = re.match(r'^\{"op":"([^"]*)"', op_payloads[c] or "")
+                between[c] = _parse(op_payloads[c], name.group(1) if name else "")
     sizes: dict[str, float] = {}
-    for s, _, _ in parsed:
+    for s, _, _ in [*parsed, *between.values()]:
         sizes.update(s)
-    # Accesses per storage in order, to tell a chain's real inputs and outputs from addresses the
-    # caching allocator reused for other tensors.
+    # Accesses per storage in host order (op_call), to tell a chain's real inputs and outputs from
+    # addresses the caching allocator reused for other tensors.
     accesses: dict[str, list[tuple[int, str]]] = {}
-    for i, (_, reads, writes) in enumerate(parsed):
+    for c, (_, reads, writes) in [*zip(op_call.tolist(), parsed), *between.items()]:
         for s in reads:
-            accesses.setdefault(s, []).append((i, "r"))
+            accesses.setdefault(s, []).append((c, "r"))
         for s in writes:
-            accesses.setdefault(s, []).append((i, "w"))
+            accesses.setdefault(s, []).append((c, "w"))
+    for a in accesses.values():
+        a.sort(key=lambda x: (x[0], x[1] == "w"))  # within one call, reads come before writes
     eligible = (calls["memory_bound"] & ~calls["contraction"]).to_numpy()
     scope = np.where(calls["phase"] == "forward", "fwd:" + calls["module"].astype(str), calls["phase"].astype(str))
 
@@ -127,10 +149,19 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int = 10) -
         # a module and its children count as one scope (a block's residual add, then its child ln_2)
         return a == b or (a.startswith("fwd:") and b.startswith("fwd:") and (a.startswith(b + ".") or b.startswith(a + ".")))
 
+    def flow_through(touched: set, after: int, before: int) -> set:
+        # storages the kernel-less op calls in (after, before) derived from what the chain touched
+        for c in range(after + 1, before):
+            if c in between and between[c][1] & touched:
+                touched = touched | between[c][2]
+        return touched
+
     chains: list[list[int]] = []
     current: list[int] = []
     touched: set = set()  # storages the chain read or wrote
     for i in range(len(calls)):  # op calls of one step
+        if current:
+            touched = flow_through(touched, op_call[current[-1]], op_call[i])
         continues = (current and eligible[i] and calls.at[i, "stream"] == calls.at[current[-1], "stream"]
                      and same_scope(scope[i], scope[current[-1]]) and parsed[i][1] & touched)
         if continues:
@@ -146,15 +177,16 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int = 10) -
 
     groups: dict[tuple, dict] = {}
     for chain in chains:
-        first, end = chain[0], chain[-1]
-        touched_here = set().union(*(parsed[i][1] | parsed[i][2] for i in chain))
+        first, end = op_call[chain[0]], op_call[chain[-1]]
+        touched_here = set().union(*(parsed[i][1] | parsed[i][2] for i in chain),
+                                   *(between[c][1] | between[c][2] for c in range(first, end) if c in between))
         inputs, outputs = set(), set()
         for s in touched_here:
             inside = [a for a in accesses[s] if first <= a[0] <= end]
             after = [a for a in accesses[s] if a[0] > end]
             if inside and inside[0][1] == "r":
                 inputs.add(s)  # read before the chain wrote it: comes from outside
-            if any(k == "w" for _, k in inside) and (after[:1] and after[0][1] == "r" or s in parsed[end][2]):
+            if any(k == "w" for _, k in inside) and (after[:1] and after[0][1] == "r" or s in parsed[chain[-1]][2]):
                 outputs.add(s)  # read after the chain before being overwritten (or the chain's result)
         external = sum(sizes.get(s, 0.0) for s in inputs | outputs)
         floor = external / peaks.bandwidth * 1e9 + peaks.launch_overhead_ns if peaks.bandwidth else float("nan")

@@ -16,17 +16,29 @@ def kernels() -> None:
 
 @kernels.command("list")
 def list_kernels() -> None:
-    """List the reference kernels and the op chains they replace."""
+    """List the reference kernels, the op chains they replace and the --shape each bench takes.
+
+    \b
+    Example:
+        gpudiag kernels list
+    """
     from gpudiag.analysis.fusion import REFERENCE_PATTERNS
 
+    try:
+        from gpudiag.kernels.registry import kernels as registry
+
+        shapes = {name: k.shape_doc for name, k in registry().items()}
+    except ImportError:  # listing needs no Triton
+        shapes = {}
     for name, pattern in REFERENCE_PATTERNS:
-        click.echo(f"{name:18s} {pattern}")
+        click.echo(f"{name:18s} --shape {shapes.get(name, '?'):22s} {pattern}")
 
 
 @kernels.command("bench")
 @click.argument("name")
-@click.option("--shape", "shapes", multiple=True, default=["16384,4096"], show_default=True,
-              help="ROWS,COLS to time (repeatable), e.g. your recorded activation shape.")
+@click.option("--shape", "shapes", multiple=True,
+              help="Shape to time (repeatable), e.g. your recorded activation shape; ROWS,COLS for row-wise "
+                   "kernels, see 'gpudiag kernels list' for the others.")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True)
 @click.option("--backward", is_flag=True, help="Time forward + backward.")
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
@@ -36,6 +48,8 @@ def bench_cmd(name: str, shapes: tuple[str, ...], dtype: str, backward: bool, as
     \b
     Example:
         gpudiag kernels bench rms_norm --shape 32768,1024 --backward
+
+    Without --shape, the kernel's first benchmark shape is timed.
     """
     try:
         import torch
@@ -50,18 +64,23 @@ def bench_cmd(name: str, shapes: tuple[str, ...], dtype: str, backward: bool, as
         raise UserError(f"no reference kernel {name!r}; available: {', '.join(sorted(registry()))}")
     if not torch.cuda.is_available():
         raise UserError("gpudiag kernels bench needs a CUDA GPU: run it on the GPU machine")
+    kernel = available[name]
+    shapes = shapes or (",".join(map(str, kernel.bench_shapes[0])),)
+    # "WINDOWS,HEADS,N[,NW]": the dimensions in brackets may be left out
+    required, optional = kernel.shape_doc.split("[")[0].strip(",").split(","), kernel.shape_doc.count("[")
     try:
         parsed = [tuple(int(v) for v in s.split(",")) for s in shapes]
     except ValueError:
         parsed = []
-    if not parsed or any(len(p) != 2 for p in parsed):
-        raise UserError(f"--shape {', '.join(shapes)}: use ROWS,COLS, e.g. --shape 32768,1024")
-    results = [bench(name, rows, cols, getattr(torch, dtype), backward) for rows, cols in parsed]
+    if not parsed or any(not len(required) <= len(p) <= len(required) + optional for p in parsed):
+        raise UserError(f"--shape {', '.join(shapes)}: {name} takes {kernel.shape_doc}, "
+                        f"e.g. --shape {','.join(map(str, kernel.bench_shapes[0]))}")
+    results = [bench(name, shape, getattr(torch, dtype), backward) for shape in parsed]
     if as_json:
         click.echo(json.dumps(results, indent=1))
         return
     for r in results:
         compiled = f"{r['compiled_ms']:.3f} ms" if r["compiled_ms"] else "–"
         bandwidth = f"{r['fused_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; " if r["fused_bandwidth_bytes_per_s"] else ""
-        click.echo(f"{name} {r['rows']}x{r['cols']} {r['dtype']}{' fwd+bwd' if backward else ''}: eager {r['eager_ms']:.3f} ms, "
+        click.echo(f"{name} {'x'.join(map(str, r['shape']))} {r['dtype']}{' fwd+bwd' if backward else ''}: eager {r['eager_ms']:.3f} ms, "
                    f"fused {r['fused_ms']:.3f} ms, torch.compile {compiled}; {bandwidth}output error {r['max_rel_error']:.1e}")

@@ -35,13 +35,15 @@ def _cached_calibration(export: Path, run_dir: Path) -> dict | None:
 
 def verify_candidates(report: dict, top: int = 3, echo=print) -> int:
     """Time the reference kernel of the ``top`` fusion candidates that have one, at the shape of the
-    chain's first input (rows = all leading dimensions, cols = the last), forward and forward +
-    backward; attaches the measurements to each candidate as ``verified``. Returns how many ran."""
+    chain's first input (mapped by the kernel's ``from_activation``, e.g. rows = all leading
+    dimensions, cols = the last), forward and forward + backward; attaches the measurements to each
+    candidate as ``verified``. Returns how many ran."""
     import re as _re
 
     import torch
 
     from gpudiag.kernels.bench import bench
+    from gpudiag.kernels.registry import kernels
 
     training = "backward" in (report.get("phases_ns_per_step") or {})
     ran = 0
@@ -52,18 +54,19 @@ def verify_candidates(report: dict, top: int = 3, echo=print) -> int:
         if shape is None:
             echo(f"[verify] {cand['reference_kernel']}: no 2-D+ float input recorded, skipped")
             continue
-        dims = [int(v) for v in shape.group(2).split(",")]
-        rows, cols, dtype = int(torch.tensor(dims[:-1]).prod()), dims[-1], getattr(torch, shape.group(1))
-        echo(f"[verify] {cand['reference_kernel']} at {rows}x{cols} {shape.group(1)}")
+        kernel = kernels()[cand["reference_kernel"]]
+        at = kernel.from_activation([int(v) for v in shape.group(2).split(",")])
+        dtype, label = getattr(torch, shape.group(1)), "x".join(map(str, at))
+        echo(f"[verify] {kernel.name} at {label} {shape.group(1)}")
         try:
-            cand["verified"] = {"forward": bench(cand["reference_kernel"], rows, cols, dtype, backward=False)}
-            if training:
-                cand["verified"]["forward_backward"] = bench(cand["reference_kernel"], rows, cols, dtype, backward=True)
+            cand["verified"] = {"forward": bench(kernel.name, at, dtype, backward=False)}
+            if training and kernel.backward:
+                cand["verified"]["forward_backward"] = bench(kernel.name, at, dtype, backward=True)
         except Exception as exc:  # noqa: BLE001 - one failed measurement (OOM, unsupported width) must not lose the others
-            echo(f"[verify] {cand['reference_kernel']} at {rows}x{cols}: not measured ({type(exc).__name__}: {exc})")
+            echo(f"[verify] {kernel.name} at {label}: not measured ({type(exc).__name__}: {exc})")
             cand.pop("verified", None)
             continue
-        cand["advice"] = advice(cand["verified"]["forward_backward" if training else "forward"])
+        cand["advice"] = advice(cand["verified"].get("forward_backward") or cand["verified"]["forward"])
         ran += 1
     return ran
 

@@ -16,12 +16,13 @@ def _bytes(tensors, outputs) -> int:
     return sum(t.numel() * t.element_size() for t in (*tensors, *outputs))
 
 
-def bench(name: str, rows: int, cols: int, dtype: torch.dtype = torch.bfloat16, backward: bool = False,
+def bench(name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.bfloat16, backward: bool = False,
           copy_bytes_per_s: float | None = None, with_compile: bool = True) -> dict:
-    """One measurement: eager_ms, fused_ms, compiled_ms (None if skipped or failed), fused_bytes,
-    fused_bandwidth_bytes_per_s, percent_of_copy_bandwidth (forward only; None with ``backward``),
-    max_rel_error (fused vs eager output, the worst of the outputs),
-    speedup_vs_eager, speedup_vs_compile. Raises RuntimeError without a CUDA GPU."""
+    """One measurement at ``shape`` (the kernel's ``shape_doc``, e.g. (rows, cols)): eager_ms,
+    fused_ms, compiled_ms (None if skipped or failed), fused_bytes, fused_bandwidth_bytes_per_s,
+    percent_of_copy_bandwidth (forward only; None with ``backward``), max_rel_error (fused vs the
+    exact reference, the worst of the outputs), speedup_vs_eager, speedup_vs_compile.
+    Raises RuntimeError without a CUDA GPU, KeyError for an unknown kernel."""
     import triton.testing
 
     from gpudiag.kernels.registry import kernels
@@ -29,10 +30,11 @@ def bench(name: str, rows: int, cols: int, dtype: torch.dtype = torch.bfloat16, 
     if not torch.cuda.is_available():
         raise RuntimeError("gpudiag kernels bench needs a CUDA GPU")
     kernel = kernels()[name]
-    gen = torch.Generator().manual_seed(rows * 131 + cols)
-    inputs = kernel.make_inputs(rows, cols, dtype, "cuda", gen)
-    if backward:
-        inputs = [t.requires_grad_(True) for t in inputs]
+    gen = torch.Generator().manual_seed(sum(shape) * 131 + len(shape))
+    inputs = kernel.make_inputs(tuple(shape), dtype, "cuda", gen)
+    if backward:  # integer inputs (labels, indices) take no gradient
+        inputs = [t.requires_grad_(True) if t.is_floating_point() else t for t in inputs]
+    differentiable = [t for t in inputs if t.requires_grad]
 
     def outputs(value):
         return list(value) if isinstance(value, tuple) else [value]
@@ -43,19 +45,22 @@ def bench(name: str, rows: int, cols: int, dtype: torch.dtype = torch.bfloat16, 
         def step():
             y = outputs(fn(*inputs))
             if backward:
-                torch.autograd.grad(y, inputs, grads)
+                torch.autograd.grad(y, differentiable, grads)
             return y
         return step
 
     eager, fused = run(kernel.reference), run(kernel.fused)
     with torch.no_grad():
-        y_ref, y = outputs(kernel.reference(*inputs)), outputs(kernel.fused(*inputs))
+        y_ref, y = outputs((kernel.exact_reference or kernel.reference)(*inputs)), outputs(kernel.fused(*inputs))
     error = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(y, y_ref))
     eager_ms = triton.testing.do_bench(eager, warmup=25, rep=100, return_mode="median")
     fused_ms = triton.testing.do_bench(fused, warmup=25, rep=100, return_mode="median")
     compiled_ms = None
     if with_compile:
         try:
+            # A fresh Dynamo cache per measurement: compiled code is cached on the function, and past
+            # the recompile limit (8 shapes) Dynamo silently runs eager, which would be timed as "compile".
+            torch._dynamo.reset()
             compiled = run(torch.compile(kernel.reference, dynamic=False))
             compiled()
             compiled_ms = triton.testing.do_bench(compiled, warmup=25, rep=100, return_mode="median")
@@ -65,7 +70,7 @@ def bench(name: str, rows: int, cols: int, dtype: torch.dtype = torch.bfloat16, 
     # on the kernel (what is recomputed, what is saved), so no bandwidth is claimed for it.
     moved = None if backward else _bytes(inputs, y)
     bandwidth = moved / (fused_ms * 1e-3) if moved else None
-    return {"kernel": name, "rows": rows, "cols": cols, "dtype": str(dtype).removeprefix("torch."), "backward": backward,
+    return {"kernel": name, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "backward": backward,
             "eager_ms": eager_ms, "fused_ms": fused_ms, "compiled_ms": compiled_ms, "fused_bytes": moved,
             "fused_bandwidth_bytes_per_s": bandwidth,
             "percent_of_copy_bandwidth": 100 * bandwidth / copy_bytes_per_s if copy_bytes_per_s and bandwidth else None,

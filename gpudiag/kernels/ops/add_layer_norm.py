@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpudiag.kernels.registry import ReferenceKernel, randn
+
 
 @triton.jit
 def _add_ln_fwd(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps, BLOCK: tl.constexpr):
@@ -119,3 +121,12 @@ def add_layer_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.T
 def reference(x, r, w, b, eps: float = 1e-5):
     s = x + r
     return torch.nn.functional.layer_norm(s, (s.shape[-1],), w, b, eps), s
+
+
+def _inputs(shape, dtype, device, gen):
+    rows, cols = shape
+    return (randn((rows, cols), dtype, device, gen), randn((rows, cols), dtype, device, gen),
+            randn((cols,), dtype, device, gen, scale=0.1, shift=1.0), randn((cols,), dtype, device, gen, scale=0.1))
+
+
+KERNELS = [ReferenceKernel("add_layer_norm", add_layer_norm, reference, _inputs)]

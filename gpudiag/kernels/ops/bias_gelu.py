@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpudiag.kernels.registry import ReferenceKernel, randn
+
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 BLOCK = 1024
 
@@ -105,3 +107,11 @@ class FusedGelu(torch.nn.Module):
 def reference(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The eager PyTorch chain the kernel replaces."""
     return torch.nn.functional.gelu(x + b, approximate="tanh")
+
+
+def _inputs(shape, dtype, device, gen):
+    rows, cols = shape
+    return randn((rows, cols), dtype, device, gen), randn((cols,), dtype, device, gen)
+
+
+KERNELS = [ReferenceKernel("bias_gelu", bias_gelu, reference, _inputs)]

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpudiag.kernels.registry import ReferenceKernel, randn
+
 BLOCK = 1024
 SILU, GELU = 0, 1
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -98,3 +100,11 @@ def reference_swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def reference_geglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(a, approximate="tanh") * b
+
+
+def _inputs(shape, dtype, device, gen):
+    return randn(shape, dtype, device, gen), randn(shape, dtype, device, gen)
+
+
+KERNELS = [ReferenceKernel("swiglu", swiglu, reference_swiglu, _inputs),
+           ReferenceKernel("geglu", geglu, reference_geglu, _inputs)]

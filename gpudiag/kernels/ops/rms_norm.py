@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpudiag.kernels.registry import ReferenceKernel, randn
+
 
 @triton.jit
 def _rms_norm_fwd(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, eps, BLOCK: tl.constexpr):
@@ -125,3 +127,11 @@ def reference(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tens
     """The eager op-by-op chain the kernel replaces (as LLaMA-style model files write it)."""
     variance = x.float().pow(2).mean(-1, keepdim=True)
     return (x.float() * torch.rsqrt(variance + eps)).to(x.dtype) * w
+
+
+def _inputs(shape, dtype, device, gen):
+    rows, cols = shape
+    return randn((rows, cols), dtype, device, gen), randn((cols,), dtype, device, gen, scale=0.1, shift=1.0)
+
+
+KERNELS = [ReferenceKernel("rms_norm", rms_norm, reference, _inputs)]

@@ -1,0 +1,208 @@
+"""Scale + relative-position bias + window mask + softmax fused: y = softmax(scale·s + bias[h] + mask[w], -1).
+
+Swin's windowed attention (timm ``WindowAttention``, Liu et al. 2021) computes, on scores s of shape
+[B_, heads, N, N] (N = 49 for a 7x7 window, B_ = batch·nW with the window index fastest):
+``attn = s + rel_pos_bias.unsqueeze(0)``, in shifted blocks ``attn.view(-1, nW, heads, N, N) +
+mask.unsqueeze(1).unsqueeze(0)``, ``softmax(attn, -1)``, then under autocast a cast to bf16 for the
+next matmul: four kernels (add, add, _softmax, _to_copy), each writing an fp32 [B_, heads, N, N]
+tensor. Fused: one pass reading s and writing y in ``out_dtype``; math in fp32; the bias and mask
+(a few KiB) stay in cache. Several rows per program, since a 49-wide row is too little work.
+
+Backward (the softmax derivative; g = the gradient of the logits): g = y·(dy − Σ_j dy·y),
+ds = scale·g, dbias[h] = Σ_{B_} g (the bias table is learned), dmask[w] = Σ_{b_ ≡ w mod nW, heads} g
+(Swin's mask is a constant buffer; its gradient is produced only when asked for). A program
+accumulates g over items of one window class, so one fp32 partial buffer gives both sums.
+Only y is saved (not s): the backward needs nothing else.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gpudiag.kernels.registry import ReferenceKernel, randn
+
+
+@triton.jit
+def _fwd(s_ptr, bias_ptr, mask_ptr, y_ptr, n_rows, rows_per_item, n_q, n_k, n_windows, scale,
+         ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: B_·H·N·N may pass 2^31
+    cols = tl.arange(0, BLOCK)
+    col_ok = cols < n_k
+    m = (rows < n_rows)[:, None] & col_ok[None, :]
+    x = tl.load(s_ptr + rows[:, None] * n_k + cols[None, :], mask=m, other=0.0).to(tl.float32) * scale
+    if HAS_BIAS:  # bias row (h, i) = the row's place within its item [H, N_q]
+        x += tl.load(bias_ptr + (rows % rows_per_item)[:, None] * n_k + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    if HAS_MASK:  # window w = b_ mod nW, as timm's view(-1, nW, H, N, N)
+        mrow = ((rows // rows_per_item) % n_windows) * n_q + rows % n_q
+        x += tl.load(mask_ptr + mrow[:, None] * n_k + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    # Padding lanes get -inf (exp -> 0). Rows past the end stay finite (0 + bias). A row of all -inf
+    # gives NaN, as torch.softmax does.
+    x = tl.where(col_ok[None, :], x, float("-inf"))
+    e = tl.exp(x - tl.max(x, axis=1)[:, None])
+    y = e * (1.0 / tl.sum(e, axis=1))[:, None]
+    tl.store(y_ptr + rows[:, None] * n_k + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _bwd(y_ptr, dy_ptr, ds_ptr, partial_ptr, rows_per_item, n_k, items_per_window, n_windows, n_chunks, scale,
+         ITEMS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, STORE_DS: tl.constexpr, ACC: tl.constexpr):
+    # Program (tile, split): rows tile·ROWS.. of each item (the same bias rows every time), over the
+    # items b_ = w + k·nW of one window w, k in chunk j (split = w·n_chunks + j); g summed in fp32.
+    local = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    split = tl.program_id(1).to(tl.int64)
+    w, j = split // n_chunks, split % n_chunks
+    cols = tl.arange(0, BLOCK)
+    m = (local < rows_per_item)[:, None] & (cols < n_k)[None, :]
+    acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    for i in range(0, ITEMS):  # a compile-time trip count: the interpreter takes no runtime bounds
+        k = j * ITEMS + i
+        mk = m & (k < items_per_window)  # the last chunk may be short: masked, not branched
+        offs = ((w + k * n_windows) * rows_per_item + local)[:, None] * n_k + cols[None, :]
+        y = tl.load(y_ptr + offs, mask=mk, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offs, mask=mk, other=0.0).to(tl.float32)
+        g = y * (dy - tl.sum(dy * y, axis=1)[:, None])
+        if STORE_DS:
+            tl.store(ds_ptr + offs, (g * scale).to(ds_ptr.dtype.element_ty), mask=mk)
+        if ACC:
+            acc += g
+    if ACC:
+        tl.store(partial_ptr + (split * rows_per_item + local)[:, None] * n_k + cols[None, :], acc, mask=m)
+
+
+def _launch(rows: int, block: int, tile: int) -> tuple[int, int]:
+    """(rows per program, warps): ~``tile`` elements per program, 4 warps per 4K elements, 4..16."""
+    r = min(triton.next_power_of_2(rows), max(1, tile // block))
+    return r, min(16, max(4, r * block // 1024))
+
+
+def _check(scores, bias, mask, out_dtype) -> None:
+    if scores.dim() != 4:
+        raise ValueError(f"scores must be [B_, heads, N_q, N_k], got shape {tuple(scores.shape)}")
+    b, h, n_q, n_k = scores.shape
+    if bias is not None and tuple(bias.shape) != (h, n_q, n_k):
+        raise ValueError(f"bias of shape {tuple(bias.shape)} does not match scores {tuple(scores.shape)}: "
+                         f"expected [heads, N_q, N_k] = {(h, n_q, n_k)}")
+    if mask is not None and (mask.dim() != 3 or tuple(mask.shape[1:]) != (n_q, n_k) or mask.shape[0] < 1
+                             or b % mask.shape[0]):
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not match scores {tuple(scores.shape)}: expected "
+                         f"[nW, {n_q}, {n_k}] with B_ = {b} a multiple of nW")
+    if out_dtype is not None and not out_dtype.is_floating_point:
+        raise ValueError(f"out_dtype must be a floating dtype, got {out_dtype}")
+    if n_k > 65536:
+        raise ValueError(f"rows longer than 65536 elements (N_k = {n_k}) are not supported by this one-block-per-row kernel")
+
+
+class ScaledMaskedSoftmax(torch.autograd.Function):
+    """Autograd for :func:`scaled_masked_softmax`: saves y only."""
+
+    @staticmethod
+    def forward(ctx, scores, bias, mask, scale, out_dtype):
+        _check(scores, bias, mask, out_dtype)
+        b, h, n_q, n_k = scores.shape
+        s = scores.contiguous()
+        y = torch.empty(s.shape, dtype=out_dtype or s.dtype, device=s.device)
+        block = triton.next_power_of_2(n_k)
+        rows, warps = _launch(b * h * n_q, block, 4096)
+        n_w = mask.shape[0] if mask is not None else 1
+        if y.numel():
+            _fwd[(triton.cdiv(b * h * n_q, rows),)](
+                s, bias.contiguous() if bias is not None else s, mask.contiguous() if mask is not None else s, y,
+                b * h * n_q, h * n_q, n_q, n_k, n_w, float(scale), ROWS=rows, BLOCK=block,
+                HAS_BIAS=bias is not None, HAS_MASK=mask is not None, num_warps=warps)
+        ctx.save_for_backward(y)
+        ctx.meta = (scores.dtype, None if bias is None else bias.dtype, None if mask is None else mask.dtype, n_w, scale)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        s_dtype, bias_dtype, mask_dtype, n_w, scale = ctx.meta
+        b, h, n_q, n_k = y.shape
+        need_ds, need_db, need_dm = ctx.needs_input_grad[:3]
+        if not y.numel():
+            return (torch.zeros(y.shape, dtype=s_dtype, device=y.device) if need_ds else None,
+                    torch.zeros(y.shape[1:], dtype=bias_dtype, device=y.device) if need_db else None,
+                    torch.zeros((n_w, *y.shape[2:]), dtype=mask_dtype, device=y.device) if need_dm else None, None, None)
+        block = triton.next_power_of_2(n_k)
+        rows, warps = _launch(h * n_q, block, 2048)  # y, dy and the sum held at once: a smaller tile
+        tiles, per_window = triton.cdiv(h * n_q, rows), b // n_w
+        # About 4 programs per SM on a GPU: enough to fill it, few partial sums to add afterwards
+        target = 4 * torch.cuda.get_device_properties(y.device).multi_processor_count if y.is_cuda else 8
+        items = triton.cdiv(per_window, max(1, min(per_window, triton.cdiv(target, tiles * n_w))))
+        chunks = triton.cdiv(per_window, items)
+        ds = torch.empty(y.shape, dtype=s_dtype, device=y.device) if need_ds else None
+        acc = need_db or need_dm
+        partial = torch.empty((n_w, chunks, h, n_q, n_k) if acc else (1,), dtype=torch.float32, device=y.device)
+        if need_ds or acc:
+            _bwd[(tiles, n_w * chunks)](y, dy.contiguous(), ds if need_ds else y, partial, h * n_q, n_k, per_window,
+                                        n_w, chunks, float(scale), ITEMS=items, ROWS=rows, BLOCK=block,
+                                        STORE_DS=need_ds, ACC=acc, num_warps=warps)
+        db = partial.sum((0, 1)).to(bias_dtype) if need_db else None
+        dm = partial.sum((1, 2)).to(mask_dtype) if need_dm else None
+        return ds, db, dm, None, None
+
+
+def scaled_masked_softmax(scores: torch.Tensor, bias: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                          scale: float = 1.0, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Fused ``softmax(scale·scores + bias[h] + mask[b_ mod nW], -1)`` (differentiable in all three).
+
+    scores [B_, heads, N_q, N_k] (any float dtype); bias [heads, N_q, N_k] or None; mask [nW, N_q, N_k]
+    or None, with B_ a multiple of nW (window index fastest). Math in fp32; the output is ``out_dtype``
+    (default scores.dtype: under autocast the bf16 cast for the next matmul is folded in).
+    Raises ValueError on mismatched shapes."""
+    return ScaledMaskedSoftmax.apply(scores, bias, mask, scale, out_dtype)
+
+
+def reference(scores, bias=None, mask=None, scale: float = 1.0):
+    """The eager chain of timm's WindowAttention under autocast: bf16 scores + fp32 bias -> fp32, + mask
+    through the (-1, nW, H, N, N) view, softmax in fp32 (or float64), cast back to scores.dtype. timm
+    scales q before the matmul; here the scale rides in the first add (``alpha``), still one kernel."""
+    b, h, n_q, n_k = scores.shape
+    if bias is not None:
+        attn = torch.add(bias.unsqueeze(0), scores, alpha=scale)
+    else:
+        attn = scores if scale == 1.0 else scores * scale
+    if mask is not None:
+        attn = (attn.view(-1, mask.shape[0], h, n_q, n_k) + mask.unsqueeze(1).unsqueeze(0)).view(-1, h, n_q, n_k)
+    return attn.softmax(-1, dtype=torch.promote_types(attn.dtype, torch.float32)).to(scores.dtype)
+
+
+SWIN_SCALE = 32 ** -0.5  # Swin-T: head_dim 32
+
+
+def _fused(scores, bias, mask):
+    return scaled_masked_softmax(scores, bias, mask, scale=SWIN_SCALE)
+
+
+def _reference(scores, bias, mask):
+    return reference(scores, bias, mask, scale=SWIN_SCALE)
+
+
+def _inputs(shape, dtype, device, gen):
+    """(scores, bias, mask) for (B_, heads, N[, nW]): scores in ``dtype``; bias and mask fp32 as timm's
+    relative-position table and attn_mask buffer are under autocast. The mask is Swin's kind: 0 between
+    tokens of one region, -100 across regions (3 random regions per window)."""
+    windows, heads, n, *rest = shape
+    n_w = rest[0] if rest else 1
+    scores = randn((windows, heads, n, n), dtype, device, gen, scale=4.0)  # scaled logits of std ~0.7
+    bias = randn((heads, n, n), torch.float32, device, gen, scale=0.5)
+    region = torch.randint(0, 3, (n_w, n), generator=gen)
+    mask = ((region[:, :, None] != region[:, None, :]).float() * -100.0).to(device)
+    return scores, bias, mask
+
+
+def _from_activation(dims):
+    """Recorded scores [B_, heads, N, N] -> (B_, heads, N, 1). nW is not in the shape: 1 (a [1, N, N]
+    mask; the traffic differs from the real nW's by the mask's few KiB, which stay in cache)."""
+    if len(dims) != 4 or dims[-1] != dims[-2]:
+        raise ValueError(f"expected attention scores [B_, heads, N, N], got {list(dims)}")
+    return (dims[0], dims[1], dims[2], 1)
+
+
+KERNELS = [ReferenceKernel(
+    "softmax_bias_mask", fused=_fused, reference=_reference, make_inputs=_inputs, shape_doc="WINDOWS,HEADS,N[,NW]",
+    test_shapes=((8, 3, 49, 4), (4, 2, 49, 1), (6, 1, 7, 2), (2, 2, 100, 1), (3, 2, 1, 3)),
+    bench_shapes=((2048, 3, 49, 64), (512, 6, 49, 16), (128, 12, 49, 4), (32, 24, 49, 1), (8192, 3, 49, 64)),
+    from_activation=_from_activation)]
