@@ -75,7 +75,7 @@ def test_exact_reference_forward_backward_and_determinism():
     assert torch.equal(yh == r.half(), ~keep)
 
 
-def test_kept_fraction_and_seeds():
+def test_kept_fraction_seeds_and_block_size(monkeypatch):
     p, n = 0.1, 1 << 18
     keep = bda.dropout_keep_mask(42, (n,), p, "cpu")
     sigma = math.sqrt(p * (1 - p) / n)
@@ -86,6 +86,13 @@ def test_kept_fraction_and_seeds():
     rows = bda.dropout_keep_mask(42, (64, 1024), p, "cpu")
     assert not (rows == rows[0]).all(dim=1)[1:].any()
     assert torch.equal(rows.flatten(), keep[: 64 * 1024])
+    # the mask does not depend on the block size (element e uses Philox counter e // 4, output e % 4)
+    monkeypatch.setattr(bda, "BLOCK", 256)
+    assert torch.equal(bda.dropout_keep_mask(42, (64, 1024), p, "cpu"), rows)
+    x, r, b = make((3, 1000), torch.float32)
+    y256 = bda.bias_dropout_add(x, r, b, p=p, seed=42)
+    monkeypatch.undo()
+    assert torch.equal(bda.bias_dropout_add(x, r, b, p=p, seed=42), y256)
     # seed None draws from torch's generator: torch.manual_seed makes runs reproducible
     x, r, _ = make((16, 64), torch.float32)
     torch.manual_seed(0)

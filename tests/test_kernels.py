@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import pytest
@@ -14,6 +15,8 @@ from gpudiag.kernels.registry import kernels  # noqa: E402
 
 # Relative error bounds by dtype (METHOD.md: fp32 far under 1e-3, bf16 operands 1e-3..1e-2).
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+# On a GPU machine, GPUDIAG_TEST_DEVICE=cuda TRITON_INTERPRET=0 runs the same cases compiled.
+DEVICE = os.environ.get("GPUDIAG_TEST_DEVICE", "cpu")
 CASES = [(name, shape) for name, kernel in kernels().items() for shape in kernel.test_shapes]
 
 
@@ -31,7 +34,7 @@ def test_fused_matches_reference_forward_and_backward(name, dtype, shape):
     kernel = kernels()[name]
     reference = kernel.exact_reference or kernel.reference
     gen = torch.Generator().manual_seed(zlib.crc32(f"{name}{dtype}{shape}".encode()))  # fresh inputs per case, reproducible
-    inputs = kernel.make_inputs(shape, dtype, "cpu", gen)
+    inputs = kernel.make_inputs(shape, dtype, DEVICE, gen)
     # float inputs take gradients (the reference runs in float64); integer ones (labels) pass as they are
     fused_in = [t.clone().requires_grad_(True) if t.is_floating_point() else t for t in inputs]
     ref_in = [t.clone().double().requires_grad_(True) if t.is_floating_point() else t for t in inputs]
@@ -43,7 +46,7 @@ def test_fused_matches_reference_forward_and_backward(name, dtype, shape):
         assert rel(y, ref) < TOLERANCE[dtype]
     if not kernel.backward:
         return
-    dys = [torch.randn(ref.shape, generator=gen, dtype=torch.float64) for ref in refs]
+    dys = [torch.randn(ref.shape, generator=gen, dtype=torch.float64).to(DEVICE) for ref in refs]
     dy = dys[0]
     torch.autograd.backward(ys, [d.to(y.dtype) for d, y in zip(dys, ys)])
     torch.autograd.backward(refs, dys)

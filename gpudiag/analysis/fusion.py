@@ -45,12 +45,18 @@ REFERENCE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("ln_roll_window_partition", r"(aten::_to_copy )?aten::native_layer_norm aten::roll aten::clone"),
     # ... and after attention: window reverse, roll back, DropPath, residual add
     ("window_reverse_roll_add", r"aten::clone aten::roll (aten::bernoulli_ aten::div_ aten::mul )?aten::add"),
+    ("bias_dropout_add", r"aten::add aten::native_dropout aten::add"),  # Megatron: bias-free GEMM, bias, dropout, residual
+    ("bias_dropout_add", r"aten::bernoulli_ (aten::div_ )?aten::mul aten::add"),  # timm DropPath + residual: drop_path_add
+    ("bias_dropout_add", r"aten::native_dropout aten::add"),  # GPT-2 (HF): dropout + residual, the bias inside addmm
+    ("cross_entropy", r"aten::_log_softmax (aten::_to_copy )?aten::nll_loss_forward"),
+    ("cross_entropy", r"aten::nll_loss_backward (aten::_to_copy )?aten::_log_softmax_backward_data"),
     ("bias_gelu", r"aten::pow aten::mul aten::add aten::mul aten::tanh aten::add aten::mul"),  # tanh GELU, e.g. GPT-2
     ("bias_gelu", r"aten::add aten::gelu"),
     ("rms_norm", r"aten::pow aten::mean aten::add aten::rsqrt aten::mul"),  # LLaMA-style hand-written RMSNorm
     ("swiglu", r"aten::silu aten::mul"),  # LLaMA's gated MLP
     ("geglu", r"aten::gelu aten::mul"),
     ("add_layer_norm", r"aten::add aten::native_layer_norm"),  # pre-norm residual + LayerNorm
+    ("bias_residual_add", r"aten::add aten::add"),  # a bias-free GEMM's bias, then the residual (last: generic)
 )
 
 
@@ -192,9 +198,12 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int = 10,
         floor = external / peaks.bandwidth * 1e9 + peaks.launch_overhead_ns if peaks.bandwidth else float("nan")
         ops = [calls.at[i, "op"] for i in chain]
         key = (tuple(ops), re.sub(r"@[0-9a-f]+", "", calls.at[chain[0], "args"]))  # same ops on the same shapes
+        # the shapes to verify at: the inputs of the chain's op call that reads the most bytes (DropPath's
+        # chain starts with a bernoulli_ on [B,1,1,1]; the activation comes in with its mul)
+        widest = max(chain, key=lambda i: sum(sizes.get(t, 0.0) for t in parsed[i][1]))
         g = groups.setdefault(key, {"ops": ops, "count": 0, "modules": set(), "ns": [], "floor": floor,
                                     "bytes": external, "kernels": int(calls.loc[chain, "kernels"].sum()),
-                                    "shapes": json.loads(calls.at[chain[0], "args"]).get("in", [])[:3]})
+                                    "shapes": json.loads(calls.at[widest, "args"]).get("in", [])[:3]})
         g["count"] += 1
         g["modules"].add(calls.at[chain[0], "module"] or calls.at[chain[0], "phase"])
         g["ns"].append(float(calls.loc[chain, "ns"].sum()))

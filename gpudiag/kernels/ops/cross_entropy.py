@@ -125,7 +125,8 @@ class CrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         logits, target, lse, n_valid = ctx.saved_tensors
         scale = (grad_out.float() / n_valid).reshape(1)
-        return cross_entropy_backward(logits, target, lse, scale, ctx.ignore_index, ctx.label_smoothing), None, None, None, None
+        dx = cross_entropy_backward(logits, target, lse, scale, ctx.ignore_index, ctx.label_smoothing)
+        return dx, None, None, None, None
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, label_smoothing: float = 0.0,

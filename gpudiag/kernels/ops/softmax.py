@@ -17,6 +17,8 @@ Only y is saved (not s): the backward needs nothing else.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -24,42 +26,53 @@ import triton.language as tl
 from gpudiag.kernels.registry import ReferenceKernel, randn
 
 
+# Both kernels: program split·n_tiles + tile takes rows tile·ROWS.. of each item b_ (the same
+# bias rows every time, [ROWS, BLOCK] elements) for the items b_ = w + k·nW of one window w, k in chunk
+# j (split = w·n_chunks + j). All index math (row -> head, window) is done once per program, not per
+# element; only the item's base offset is int64 (B_·H·N·N may pass 2^31).
+
+
 @triton.jit
-def _fwd(s_ptr, bias_ptr, mask_ptr, y_ptr, n_rows, rows_per_item, n_q, n_k, n_windows, scale,
-         ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: B_·H·N·N may pass 2^31
+def _fwd(s_ptr, bias_ptr, mask_ptr, y_ptr, rows_per_item, n_q, n_k, items_per_window, n_windows, n_chunks, n_tiles, scale,
+         ITEMS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr):
+    split, tile = tl.program_id(0) // n_tiles, tl.program_id(0) % n_tiles
+    local = tile * ROWS + tl.arange(0, ROWS)  # row (h, i) within an item [H, N_q]
+    w, j = split // n_chunks, split % n_chunks
     cols = tl.arange(0, BLOCK)
     col_ok = cols < n_k
-    m = (rows < n_rows)[:, None] & col_ok[None, :]
-    x = tl.load(s_ptr + rows[:, None] * n_k + cols[None, :], mask=m, other=0.0).to(tl.float32) * scale
-    if HAS_BIAS:  # bias row (h, i) = the row's place within its item [H, N_q]
-        x += tl.load(bias_ptr + (rows % rows_per_item)[:, None] * n_k + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    m = (local < rows_per_item)[:, None] & col_ok[None, :]
+    add = tl.zeros([ROWS, BLOCK], dtype=tl.float32)  # bias + mask, loaded once for all the items
+    if HAS_BIAS:
+        add += tl.load(bias_ptr + local[:, None] * n_k + cols[None, :], mask=m, other=0.0).to(tl.float32)
     if HAS_MASK:  # window w = b_ mod nW, as timm's view(-1, nW, H, N, N)
-        mrow = ((rows // rows_per_item) % n_windows) * n_q + rows % n_q
-        x += tl.load(mask_ptr + mrow[:, None] * n_k + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    # Padding lanes get -inf (exp -> 0). Rows past the end stay finite (0 + bias). A row of all -inf
-    # gives NaN, as torch.softmax does.
-    x = tl.where(col_ok[None, :], x, float("-inf"))
-    e = tl.exp(x - tl.max(x, axis=1)[:, None])
-    y = e * (1.0 / tl.sum(e, axis=1))[:, None]
-    tl.store(y_ptr + rows[:, None] * n_k + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=m)
+        add += tl.load(mask_ptr + (w * n_q + local % n_q)[:, None] * n_k + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    # Padding lanes get -inf (exp -> 0); rows past the end stay finite. A row of all -inf gives NaN,
+    # as torch.softmax does.
+    add = tl.where(col_ok[None, :], add, float("-inf"))
+    for i in range(0, ITEMS):  # a compile-time trip count: the interpreter takes no runtime bounds
+        k = j * ITEMS + i
+        mk = m & (k < items_per_window)  # the last chunk may be short: masked, not branched
+        offs = ((w + k * n_windows).to(tl.int64) * rows_per_item + local)[:, None] * n_k + cols[None, :]
+        x = tl.load(s_ptr + offs, mask=mk, other=0.0).to(tl.float32) * scale + add
+        e = tl.exp(x - tl.max(x, axis=1)[:, None])
+        y = e * (1.0 / tl.sum(e, axis=1))[:, None]
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mk)
 
 
 @triton.jit
-def _bwd(y_ptr, dy_ptr, ds_ptr, partial_ptr, rows_per_item, n_k, items_per_window, n_windows, n_chunks, scale,
+def _bwd(y_ptr, dy_ptr, ds_ptr, partial_ptr, rows_per_item, n_k, items_per_window, n_windows, n_chunks, n_tiles, scale,
          ITEMS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, STORE_DS: tl.constexpr, ACC: tl.constexpr):
-    # Program (tile, split): rows tile·ROWS.. of each item (the same bias rows every time), over the
-    # items b_ = w + k·nW of one window w, k in chunk j (split = w·n_chunks + j); g summed in fp32.
-    local = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    split = tl.program_id(1).to(tl.int64)
+    # g summed in fp32 over the program's items: partial[split] (one window's share of dbias and dmask)
+    split, tile = tl.program_id(0) // n_tiles, tl.program_id(0) % n_tiles
+    local = tile * ROWS + tl.arange(0, ROWS)
     w, j = split // n_chunks, split % n_chunks
     cols = tl.arange(0, BLOCK)
     m = (local < rows_per_item)[:, None] & (cols < n_k)[None, :]
     acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-    for i in range(0, ITEMS):  # a compile-time trip count: the interpreter takes no runtime bounds
+    for i in range(0, ITEMS):
         k = j * ITEMS + i
-        mk = m & (k < items_per_window)  # the last chunk may be short: masked, not branched
-        offs = ((w + k * n_windows) * rows_per_item + local)[:, None] * n_k + cols[None, :]
+        mk = m & (k < items_per_window)
+        offs = ((w + k * n_windows).to(tl.int64) * rows_per_item + local)[:, None] * n_k + cols[None, :]
         y = tl.load(y_ptr + offs, mask=mk, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + offs, mask=mk, other=0.0).to(tl.float32)
         g = y * (dy - tl.sum(dy * y, axis=1)[:, None])
@@ -68,13 +81,38 @@ def _bwd(y_ptr, dy_ptr, ds_ptr, partial_ptr, rows_per_item, n_k, items_per_windo
         if ACC:
             acc += g
     if ACC:
-        tl.store(partial_ptr + (split * rows_per_item + local)[:, None] * n_k + cols[None, :], acc, mask=m)
+        tl.store(partial_ptr + (split.to(tl.int64) * rows_per_item + local)[:, None] * n_k + cols[None, :], acc, mask=m)
 
 
-def _launch(rows: int, block: int, tile: int) -> tuple[int, int]:
-    """(rows per program, warps): ~``tile`` elements per program, 4 warps per 4K elements, 4..16."""
-    r = min(triton.next_power_of_2(rows), max(1, tile // block))
-    return r, min(16, max(4, r * block // 1024))
+# Launch shapes, measured on an H200 at Swin-T's (2048, 3, 49, 64) in bf16: 49-wide rows cannot be
+# loaded in 16-byte vectors (a row is 98 bytes), so throughput comes from many small programs in
+# flight: tiles of ~256 elements, one warp per 256 (forward) or 128 (backward) of them. Programs per
+# SM: the forward wants ~128 (8 items each); the backward ~32, since each program also writes an
+# fp32 partial sum (16 items each: the partials stay ~4% of the traffic).
+CONFIG = {"fwd": {"tile": 256, "per_warp": 256, "per_sm": 128}, "bwd": {"tile": 256, "per_warp": 128, "per_sm": 32}}
+
+
+def _plan(shape, n_w: int, device, kind: str) -> tuple[int, int, int, int, int, int]:
+    """(ROWS, BLOCK, warps, tiles, items per program, chunks per window) for scores of ``shape``:
+    a [ROWS, BLOCK] tile of ~CONFIG tile elements, ROWS chosen to pad H·N_q rows by at most ~1/8, and
+    per_sm programs per multiprocessor. On the CPU (the interpreter, tests only): 2048-element tiles
+    and 8 programs, fewer interpreted programs for the same code paths."""
+    cfg, gpu = CONFIG[kind], device.type == "cuda"
+    b, h, n_q, n_k = shape
+    block, rows_per_item = triton.next_power_of_2(n_k), h * n_q
+    rows = min(triton.next_power_of_2(rows_per_item), max(1, (cfg["tile"] if gpu else 2048) // block))
+    while rows > 1 and triton.cdiv(rows_per_item, rows) * rows * 8 > rows_per_item * 9:
+        rows //= 2
+    tiles, per_window = triton.cdiv(rows_per_item, rows), b // n_w
+    target = cfg["per_sm"] * _sm_count(device.index) if gpu else 8
+    items = triton.cdiv(per_window, max(1, min(per_window, triton.cdiv(target, tiles * n_w))))
+    warps = min(16, max(1, rows * block // cfg["per_warp"]))
+    return rows, block, warps, tiles, items, triton.cdiv(per_window, items)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index) -> int:
+    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).multi_processor_count
 
 
 def _check(scores, bias, mask, out_dtype) -> None:
@@ -103,13 +141,12 @@ class ScaledMaskedSoftmax(torch.autograd.Function):
         b, h, n_q, n_k = scores.shape
         s = scores.contiguous()
         y = torch.empty(s.shape, dtype=out_dtype or s.dtype, device=s.device)
-        block = triton.next_power_of_2(n_k)
-        rows, warps = _launch(b * h * n_q, block, 4096)
         n_w = mask.shape[0] if mask is not None else 1
         if y.numel():
-            _fwd[(triton.cdiv(b * h * n_q, rows),)](
+            rows, block, warps, tiles, items, chunks = _plan(s.shape, n_w, s.device, "fwd")
+            _fwd[(tiles * n_w * chunks,)](
                 s, bias.contiguous() if bias is not None else s, mask.contiguous() if mask is not None else s, y,
-                b * h * n_q, h * n_q, n_q, n_k, n_w, float(scale), ROWS=rows, BLOCK=block,
+                h * n_q, n_q, n_k, b // n_w, n_w, chunks, tiles, float(scale), ITEMS=items, ROWS=rows, BLOCK=block,
                 HAS_BIAS=bias is not None, HAS_MASK=mask is not None, num_warps=warps)
         ctx.save_for_backward(y)
         ctx.meta = (scores.dtype, None if bias is None else bias.dtype, None if mask is None else mask.dtype, n_w, scale)
@@ -125,19 +162,13 @@ class ScaledMaskedSoftmax(torch.autograd.Function):
             return (torch.zeros(y.shape, dtype=s_dtype, device=y.device) if need_ds else None,
                     torch.zeros(y.shape[1:], dtype=bias_dtype, device=y.device) if need_db else None,
                     torch.zeros((n_w, *y.shape[2:]), dtype=mask_dtype, device=y.device) if need_dm else None, None, None)
-        block = triton.next_power_of_2(n_k)
-        rows, warps = _launch(h * n_q, block, 2048)  # y, dy and the sum held at once: a smaller tile
-        tiles, per_window = triton.cdiv(h * n_q, rows), b // n_w
-        # About 4 programs per SM on a GPU: enough to fill it, few partial sums to add afterwards
-        target = 4 * torch.cuda.get_device_properties(y.device).multi_processor_count if y.is_cuda else 8
-        items = triton.cdiv(per_window, max(1, min(per_window, triton.cdiv(target, tiles * n_w))))
-        chunks = triton.cdiv(per_window, items)
+        rows, block, warps, tiles, items, chunks = _plan(y.shape, n_w, y.device, "bwd")
         ds = torch.empty(y.shape, dtype=s_dtype, device=y.device) if need_ds else None
         acc = need_db or need_dm
         partial = torch.empty((n_w, chunks, h, n_q, n_k) if acc else (1,), dtype=torch.float32, device=y.device)
         if need_ds or acc:
-            _bwd[(tiles, n_w * chunks)](y, dy.contiguous(), ds if need_ds else y, partial, h * n_q, n_k, per_window,
-                                        n_w, chunks, float(scale), ITEMS=items, ROWS=rows, BLOCK=block,
+            _bwd[(tiles * n_w * chunks,)](y, dy.contiguous(), ds if need_ds else y, partial, h * n_q, n_k, b // n_w,
+                                        n_w, chunks, tiles, float(scale), ITEMS=items, ROWS=rows, BLOCK=block,
                                         STORE_DS=need_ds, ACC=acc, num_warps=warps)
         db = partial.sum((0, 1)).to(bias_dtype) if need_db else None
         dm = partial.sum((1, 2)).to(mask_dtype) if need_dm else None
