@@ -97,6 +97,21 @@ def test_out_dtype_folds_the_cast():
     assert y.dtype == torch.bfloat16
 
 
+def test_gpu_tiling_and_strided_inputs(monkeypatch):
+    """The GPU's small tiles (4 rows of 64: H·N = 147 rows padded to 148, one item per program) in
+    the interpreter, on a transposed view of the scores and a strided bias."""
+    monkeypatch.setattr(softmax, "INTERPRETER_TILE", 256)
+    monkeypatch.setitem(softmax.CONFIG["fwd"], "per_sm", 10**6)
+    gen = gen_for("gpu tiling")
+    assert softmax._plan((4, 3, 49, 49), 2, torch.device("cpu"), "fwd")[:4] == (4, 64, 1, 37)
+    s, bias, mask = KERNEL.make_inputs((4, 3, 49, 2), torch.float32, "cpu", gen)
+    check((s, bias, mask), torch.float32, KERNEL.fused, KERNEL.reference, gen)
+    s_t = s.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, column-major storage
+    bias_strided = torch.stack([bias, bias], -1)[..., 0]
+    assert not s_t.is_contiguous() and not bias_strided.is_contiguous()
+    assert rel(KERNEL.fused(s_t, bias_strided, mask), KERNEL.reference(s.double(), bias.double(), mask.double())) < 1e-5
+
+
 def test_mask_as_a_buffer_gets_no_gradient():
     """Swin's attn_mask is a buffer: only scores and the bias table are differentiated."""
     gen = gen_for("buffer")
@@ -112,6 +127,7 @@ def test_mask_as_a_buffer_gets_no_gradient():
     assert rel(b_only.grad, b2.grad) < 1e-5
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy on -inf - -inf
 def test_fully_masked_rows_follow_torch():
     """A row masked with -100 everywhere (Swin's value) is still a softmax of the scores; a row of
     -inf is NaN, as torch.softmax gives."""

@@ -45,6 +45,8 @@ REFERENCE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("ln_roll_window_partition", r"(aten::_to_copy )?aten::native_layer_norm aten::roll aten::clone"),
     # ... and after attention: window reverse, roll back, DropPath, residual add
     ("window_reverse_roll_add", r"aten::clone aten::roll (aten::bernoulli_ aten::div_ aten::mul )?aten::add"),
+    # attention scores: relative position bias, shift mask, softmax (fp32 under autocast), cast back
+    ("softmax_bias_mask", r"aten::add aten::add aten::_softmax( aten::_to_copy)?"),
     ("bias_dropout_add", r"aten::add aten::native_dropout aten::add"),  # Megatron: bias-free GEMM, bias, dropout, residual
     ("bias_dropout_add", r"aten::bernoulli_ (aten::div_ )?aten::mul aten::add"),  # timm DropPath + residual: drop_path_add
     ("bias_dropout_add", r"aten::native_dropout aten::add"),  # GPT-2 (HF): dropout + residual, the bias inside addmm

@@ -5,8 +5,8 @@ Swin's windowed attention (timm ``WindowAttention``, Liu et al. 2021) computes, 
 ``attn = s + rel_pos_bias.unsqueeze(0)``, in shifted blocks ``attn.view(-1, nW, heads, N, N) +
 mask.unsqueeze(1).unsqueeze(0)``, ``softmax(attn, -1)``, then under autocast a cast to bf16 for the
 next matmul: four kernels (add, add, _softmax, _to_copy), each writing an fp32 [B_, heads, N, N]
-tensor. Fused: one pass reading s and writing y in ``out_dtype``; math in fp32; the bias and mask
-(a few KiB) stay in cache. Several rows per program, since a 49-wide row is too little work.
+tensor. Fused: one pass reading s and writing y in ``out_dtype``; math in fp32; a program loads its
+bias + mask tile once (from cache: tens to hundreds of KiB in all) and applies it to several items.
 
 Backward (the softmax derivative; g = the gradient of the logits): g = y·(dy − Σ_j dy·y),
 ds = scale·g, dbias[h] = Σ_{B_} g (the bias table is learned), dmask[w] = Σ_{b_ ≡ w mod nW, heads} g
@@ -33,8 +33,9 @@ from gpudiag.kernels.registry import ReferenceKernel, randn
 
 
 @triton.jit
-def _fwd(s_ptr, bias_ptr, mask_ptr, y_ptr, rows_per_item, n_q, n_k, items_per_window, n_windows, n_chunks, n_tiles, scale,
-         ITEMS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr):
+def _fwd(s_ptr, bias_ptr, mask_ptr, y_ptr, rows_per_item, n_q, n_k, items_per_window, n_windows, n_chunks,
+         n_tiles, scale, ITEMS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+         HAS_MASK: tl.constexpr):
     split, tile = tl.program_id(0) // n_tiles, tl.program_id(0) % n_tiles
     local = tile * ROWS + tl.arange(0, ROWS)  # row (h, i) within an item [H, N_q]
     w, j = split // n_chunks, split % n_chunks
@@ -45,7 +46,8 @@ def _fwd(s_ptr, bias_ptr, mask_ptr, y_ptr, rows_per_item, n_q, n_k, items_per_wi
     if HAS_BIAS:
         add += tl.load(bias_ptr + local[:, None] * n_k + cols[None, :], mask=m, other=0.0).to(tl.float32)
     if HAS_MASK:  # window w = b_ mod nW, as timm's view(-1, nW, H, N, N)
-        add += tl.load(mask_ptr + (w * n_q + local % n_q)[:, None] * n_k + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        mrow = w * n_q + local % n_q
+        add += tl.load(mask_ptr + mrow[:, None] * n_k + cols[None, :], mask=m, other=0.0).to(tl.float32)
     # Padding lanes get -inf (exp -> 0); rows past the end stay finite. A row of all -inf gives NaN,
     # as torch.softmax does.
     add = tl.where(col_ok[None, :], add, float("-inf"))
@@ -60,8 +62,9 @@ def _fwd(s_ptr, bias_ptr, mask_ptr, y_ptr, rows_per_item, n_q, n_k, items_per_wi
 
 
 @triton.jit
-def _bwd(y_ptr, dy_ptr, ds_ptr, partial_ptr, rows_per_item, n_k, items_per_window, n_windows, n_chunks, n_tiles, scale,
-         ITEMS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, STORE_DS: tl.constexpr, ACC: tl.constexpr):
+def _bwd(y_ptr, dy_ptr, ds_ptr, partial_ptr, rows_per_item, n_k, items_per_window, n_windows, n_chunks, n_tiles,
+         scale, ITEMS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, STORE_DS: tl.constexpr,
+         ACC: tl.constexpr):
     # g summed in fp32 over the program's items: partial[split] (one window's share of dbias and dmask)
     split, tile = tl.program_id(0) // n_tiles, tl.program_id(0) % n_tiles
     local = tile * ROWS + tl.arange(0, ROWS)
@@ -90,17 +93,17 @@ def _bwd(y_ptr, dy_ptr, ds_ptr, partial_ptr, rows_per_item, n_k, items_per_windo
 # SM: the forward wants ~128 (8 items each); the backward ~32, since each program also writes an
 # fp32 partial sum (16 items each: the partials stay ~4% of the traffic).
 CONFIG = {"fwd": {"tile": 256, "per_warp": 256, "per_sm": 128}, "bwd": {"tile": 256, "per_warp": 128, "per_sm": 32}}
+INTERPRETER_TILE = 2048  # on the CPU (Triton's interpreter, tests only): fewer, larger programs
 
 
 def _plan(shape, n_w: int, device, kind: str) -> tuple[int, int, int, int, int, int]:
     """(ROWS, BLOCK, warps, tiles, items per program, chunks per window) for scores of ``shape``:
     a [ROWS, BLOCK] tile of ~CONFIG tile elements, ROWS chosen to pad H·N_q rows by at most ~1/8, and
-    per_sm programs per multiprocessor. On the CPU (the interpreter, tests only): 2048-element tiles
-    and 8 programs, fewer interpreted programs for the same code paths."""
+    per_sm programs per multiprocessor; on the CPU, INTERPRETER_TILE and 8 programs."""
     cfg, gpu = CONFIG[kind], device.type == "cuda"
     b, h, n_q, n_k = shape
     block, rows_per_item = triton.next_power_of_2(n_k), h * n_q
-    rows = min(triton.next_power_of_2(rows_per_item), max(1, (cfg["tile"] if gpu else 2048) // block))
+    rows = min(triton.next_power_of_2(rows_per_item), max(1, (cfg["tile"] if gpu else INTERPRETER_TILE) // block))
     while rows > 1 and triton.cdiv(rows_per_item, rows) * rows * 8 > rows_per_item * 9:
         rows //= 2
     tiles, per_window = triton.cdiv(rows_per_item, rows), b // n_w
@@ -112,7 +115,8 @@ def _plan(shape, n_w: int, device, kind: str) -> tuple[int, int, int, int, int, 
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(index) -> int:
-    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).multi_processor_count
+    index = torch.cuda.current_device() if index is None else index
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _check(scores, bias, mask, out_dtype) -> None:
@@ -129,7 +133,7 @@ def _check(scores, bias, mask, out_dtype) -> None:
     if out_dtype is not None and not out_dtype.is_floating_point:
         raise ValueError(f"out_dtype must be a floating dtype, got {out_dtype}")
     if n_k > 65536:
-        raise ValueError(f"rows longer than 65536 elements (N_k = {n_k}) are not supported by this one-block-per-row kernel")
+        raise ValueError(f"rows longer than 65536 elements (N_k = {n_k}) are not supported: one block holds a row")
 
 
 class ScaledMaskedSoftmax(torch.autograd.Function):
@@ -149,7 +153,8 @@ class ScaledMaskedSoftmax(torch.autograd.Function):
                 h * n_q, n_q, n_k, b // n_w, n_w, chunks, tiles, float(scale), ITEMS=items, ROWS=rows, BLOCK=block,
                 HAS_BIAS=bias is not None, HAS_MASK=mask is not None, num_warps=warps)
         ctx.save_for_backward(y)
-        ctx.meta = (scores.dtype, None if bias is None else bias.dtype, None if mask is None else mask.dtype, n_w, scale)
+        ctx.meta = (scores.dtype, bias.dtype if bias is not None else None, mask.dtype if mask is not None else None,
+                    n_w, scale)
         return y
 
     @staticmethod
@@ -159,13 +164,14 @@ class ScaledMaskedSoftmax(torch.autograd.Function):
         b, h, n_q, n_k = y.shape
         need_ds, need_db, need_dm = ctx.needs_input_grad[:3]
         if not y.numel():
-            return (torch.zeros(y.shape, dtype=s_dtype, device=y.device) if need_ds else None,
-                    torch.zeros(y.shape[1:], dtype=bias_dtype, device=y.device) if need_db else None,
-                    torch.zeros((n_w, *y.shape[2:]), dtype=mask_dtype, device=y.device) if need_dm else None, None, None)
+            zeros = functools.partial(torch.zeros, device=y.device)
+            return (zeros(y.shape, dtype=s_dtype) if need_ds else None,
+                    zeros(y.shape[1:], dtype=bias_dtype) if need_db else None,
+                    zeros((n_w, *y.shape[2:]), dtype=mask_dtype) if need_dm else None, None, None)
         rows, block, warps, tiles, items, chunks = _plan(y.shape, n_w, y.device, "bwd")
         ds = torch.empty(y.shape, dtype=s_dtype, device=y.device) if need_ds else None
         acc = need_db or need_dm
-        partial = torch.empty((n_w, chunks, h, n_q, n_k) if acc else (1,), dtype=torch.float32, device=y.device)
+        partial = torch.empty((n_w, chunks, h, n_q, n_k), dtype=torch.float32, device=y.device) if acc else y
         if need_ds or acc:
             _bwd[(tiles * n_w * chunks,)](y, dy.contiguous(), ds if need_ds else y, partial, h * n_q, n_k, b // n_w,
                                         n_w, chunks, tiles, float(scale), ITEMS=items, ROWS=rows, BLOCK=block,
@@ -226,7 +232,7 @@ def _inputs(shape, dtype, device, gen):
 
 def _from_activation(dims):
     """Recorded scores [B_, heads, N, N] -> (B_, heads, N, 1). nW is not in the shape: 1 (a [1, N, N]
-    mask; the traffic differs from the real nW's by the mask's few KiB, which stay in cache)."""
+    mask; the real [nW, N, N] one is read from cache as well, so the traffic is the same to within it)."""
     if len(dims) != 4 or dims[-1] != dims[-2]:
         raise ValueError(f"expected attention scores [B_, heads, N, N], got {list(dims)}")
     return (dims[0], dims[1], dims[2], 1)
