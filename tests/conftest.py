@@ -37,6 +37,8 @@ EXPORTS = {
     "mlp_chain_b4096": FIXTURES / "mlp_chain_b4096.sqlite.xz",
     # Swin-T bf16 recaptured with storage addresses (data flow), timm 1.0.29; capture_swin.sh
     "swin_t_train_bf16_dataflow": FIXTURES / "swin_t_train_bf16_dataflow.sqlite.xz",
+    # the same at batch 128, GPU-bound (benchmarks/run_swin_batch128.sh)
+    "swin_t_train_bf16_b128": FIXTURES / "swin_t_train_bf16_b128.sqlite.xz",
 }
 NCU_REPORTS = {
     "mlp_decode": FIXTURES / "mlp_decode.ncu-rep.xz",  # gpudiag profile --ncu, same run as the export

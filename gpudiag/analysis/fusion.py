@@ -41,12 +41,20 @@ INDUCTOR_FUSABLE = re.compile(
 # names); only kernels that exist are listed, so a candidate never points at a missing one.
 # The first pattern that matches names the kernel, so the more specific ones come first.
 REFERENCE_PATTERNS: tuple[tuple[str, str], ...] = (
-    # Swin's shifted-window blocks (timm): LayerNorm, roll, pad (a memcpy) and window partition ...
-    ("ln_roll_window_partition", r"(aten::_to_copy )?aten::native_layer_norm aten::roll aten::clone"),
-    # ... and after attention: window reverse, roll back, DropPath, residual add
-    ("window_reverse_roll_add", r"aten::clone aten::roll (aten::bernoulli_ aten::div_ aten::mul )?aten::add"),
+    # Swin's window blocks (timm): LayerNorm, roll (shifted blocks), pad (a memcpy), window partition;
+    # in the backward: the partition's copy, roll back, LayerNorm backward ...
+    ("ln_roll_window_partition", r"(aten::_to_copy )?aten::native_layer_norm (aten::roll )?aten::clone"),
+    ("ln_roll_window_partition", r"aten::clone (aten::roll )?aten::native_layer_norm_backward"),
+    # ... and after attention: window reverse, roll back, DropPath, residual add; in the backward:
+    # DropPath's scale, roll, the reverse's copy
+    ("window_reverse_roll_add", r"aten::clone (aten::roll )?aten::bernoulli_ aten::div_ aten::mul aten::add"),
+    ("window_reverse_roll_add", r"aten::clone aten::roll aten::add"),
+    ("window_reverse_roll_add", r"aten::mul aten::roll aten::clone"),
+    # attention scores' backward: softmax backward (fp32 under autocast) and the bias gradient's sum
+    ("softmax_bias_mask", r"(aten::_to_copy )?aten::_softmax_backward_data (aten::_to_copy )?aten::sum"),
     # attention scores: relative position bias, shift mask, softmax (fp32 under autocast), cast back
     ("softmax_bias_mask", r"aten::add aten::add aten::_softmax( aten::_to_copy)?"),
+    ("softmax_bias_mask", r"aten::index aten::clone aten::add aten::_softmax"),  # unshifted: the gathered bias only
     ("bias_dropout_add", r"aten::add aten::native_dropout aten::add"),  # Megatron: bias-free GEMM, bias, dropout, residual
     ("bias_dropout_add", r"aten::bernoulli_ (aten::div_ )?aten::mul aten::add"),  # timm DropPath + residual: drop_path_add
     ("bias_dropout_add", r"aten::native_dropout aten::add"),  # GPT-2 (HF): dropout + residual, the bias inside addmm
@@ -109,11 +117,11 @@ def _parse(args: str, op: str) -> tuple[dict, set, set]:
     return sizes, reads, writes
 
 
-def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int = 10,
+def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int | None = 10,
                       op_payloads: list[str] | None = None) -> list[dict]:
     """Candidates from the detail step's kernels (columns: op_call, op, op_args, module, phase,
-    stream_id, start_ns, duration_ns, kernel_class, family), best first, as plain dicts. Empty for
-    captures made before gpudiag recorded storage addresses.
+    stream_id, start_ns, duration_ns, kernel_class, family), best first, as plain dicts (the
+    ``top`` first; all with None). Empty for captures made before gpudiag recorded storage addresses.
 
     ``op_payloads`` (JSON payload of every op range, indexed by op_call) adds the op calls that
     launched no kernel to the data flow: a view keeps its storage, but ``F.pad`` with zero padding
@@ -224,3 +232,40 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int = 10,
             compile_fusable=all(INDUCTOR_FUSABLE.match(o) for o in g["ops"]), reference_kernel=reference,
             example_shapes=[re.sub(r"@[0-9a-f]+", "", s) if isinstance(s, str) else s for s in g["shapes"]])))
     return sorted(out, key=lambda c: -c["saving_ns_per_step"])[:top]
+
+
+def saving_by_kernel(candidates: list[dict]) -> list[dict]:
+    """Per reference kernel, over all candidates it matches: predicted saving (ns of GPU time per
+    step), chains per step, and candidate count; largest first. What applying that kernel
+    everywhere it fits would save, by the same fused-floor model as each candidate."""
+    rows: dict[str, dict] = {}
+    for c in candidates:
+        if c["reference_kernel"]:
+            row = rows.setdefault(c["reference_kernel"], {"reference_kernel": c["reference_kernel"],
+                                                          "saving_ns_per_step": 0.0, "chains_per_step": 0, "candidates": 0})
+            row["saving_ns_per_step"] += c["saving_ns_per_step"]
+            row["chains_per_step"] += c["occurrences_per_step"]
+            row["candidates"] += 1
+    return sorted(rows.values(), key=lambda r: -r["saving_ns_per_step"])
+
+
+# Measured on an H200 (docs/notes/measurements.md, 2026-11-21): Swin-T bf16 training at batch 32,
+# overhead-bound (GD-OVERHEAD-BOUND fired), ran 15 % slower with the reference kernels and 47 %
+# faster with torch.compile; at batch 128 (GPU-bound) the same kernels saved 26 % of the step.
+# A Triton kernel launched from Python costs 22-49 us of host time per forward call against
+# 12-18 us for the eager chains it replaces (benchmarks/host_launch_cost.py).
+HOST_BOUND_ADVICE = ("the step is overhead-bound: the host, not the GPU, sets its time, and a Triton kernel launched "
+                     "from Python costs more host time than the eager ops it replaces, so this GPU-time saving will not "
+                     "shorten the step; use torch.compile (mode=\"reduce-overhead\" adds CUDA Graphs) or a larger batch "
+                     "first, then fuse")
+
+
+def mark_host_bound(candidates: list[dict], recommendations: list[dict]) -> None:
+    """When the overhead-bound rule fired, say on every candidate (``host_bound`` and ``advice``)
+    that its saving is GPU time the step will not get back (threshold and measurements: the rule's
+    and :data:`HOST_BOUND_ADVICE`'s sources)."""
+    host_bound = any(r["rule_id"] == "GD-OVERHEAD-BOUND" for r in recommendations)
+    for c in candidates:
+        c["host_bound"] = host_bound
+        if host_bound:
+            c["advice"] = HOST_BOUND_ADVICE

@@ -21,7 +21,7 @@ from gpudiag.analysis.attribution import Steps, attribute, find_steps, launch_ca
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.classify import classify
 from gpudiag.analysis.families import kernel_label
-from gpudiag.analysis.fusion import fusion_candidates
+from gpudiag.analysis.fusion import fusion_candidates, mark_host_bound, saving_by_kernel
 from gpudiag.analysis.timeline import (gpu_activities, idle_intervals, launch_stats, step_table,
                                        stream_gaps)
 from gpudiag.sources.ncu import read_ncu
@@ -330,7 +330,9 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     detail = k[(k["step"] == detail_step) & (k["op"] != "")] if detail_step is not None else k.iloc[0:0]
     recommendations = _recommendations(km, detail, idle, runtime_api, memcpy, steps, measured_ids, n, step_ns,
                                        device_peaks, ncu) if n else []
-    candidates = fusion_candidates(detail, device_peaks, op_payloads=_op_payloads(nvtx))
+    all_candidates = fusion_candidates(detail, device_peaks, top=None, op_payloads=_op_payloads(nvtx))
+    candidates = all_candidates[:10]
+    mark_host_bound(candidates, recommendations)
     module_texts = nvtx["text"].dropna()
     module_texts = module_texts[module_texts.str.startswith(nvtx_names.MODULE)].str[len(nvtx_names.MODULE):].drop_duplicates()
     split = module_texts.str.rsplit("|", n=1)
@@ -395,6 +397,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "top_kernels": top_kernels,
         "recommendations": recommendations,
         "fusion_candidates": candidates,
+        "fusion_saving_by_kernel": saving_by_kernel(all_candidates),
         "operator_classes": _operator_classes(km) if n else [],
         "roofline_points": (points := _roofline_points(km, n)) if n else [],
         "below_roof": sorted([p for p in (points if n else []) if p["lost_ns_per_step"] is not None],

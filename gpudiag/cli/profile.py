@@ -67,6 +67,10 @@ def verify_candidates(report: dict, top: int = 3, echo=print) -> int:
             cand.pop("verified", None)
             continue
         cand["advice"] = advice(cand["verified"].get("forward_backward") or cand["verified"]["forward"])
+        if cand.get("host_bound"):
+            from gpudiag.analysis.fusion import HOST_BOUND_ADVICE
+
+            cand["advice"] += f"; but {HOST_BOUND_ADVICE}"
         ran += 1
     return ran
 
