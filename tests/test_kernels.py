@@ -89,6 +89,12 @@ def test_kernels_cli_without_a_gpu(monkeypatch):
     assert unknown.exit_code == 2 and "no reference kernel 'nope'" in unknown.output
     no_gpu = CliRunner().invoke(cli, ["kernels", "bench", "rms_norm"])
     assert no_gpu.exit_code == 2 and "needs a CUDA GPU" in no_gpu.output
+    listed_shapes = CliRunner().invoke(cli, ["kernels", "list"]).output
+    assert "ln_roll_window_partition" in listed_shapes and "BATCH,H,W,C" in listed_shapes
+    wrong = CliRunner().invoke(cli, ["kernels", "bench", "ln_roll_window_partition", "--shape", "32768,1024"])
+    assert wrong.exit_code == 2 and "takes BATCH,H,W,C, e.g. --shape 32,56,56,96" in wrong.output
+    optional = CliRunner().invoke(cli, ["kernels", "bench", "softmax_bias_mask", "--shape", "2048,3,49"])
+    assert optional.exit_code == 2 and "needs a CUDA GPU" in optional.output  # [,NW] may be left out
 
 
 def test_non_contiguous_inputs_and_mixed_dtypes():

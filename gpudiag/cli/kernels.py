@@ -31,7 +31,7 @@ def list_kernels() -> None:
     except ImportError:  # listing needs no Triton
         shapes = {}
     for name, pattern in REFERENCE_PATTERNS:
-        click.echo(f"{name:18s} --shape {shapes.get(name, '?'):22s} {pattern}")
+        click.echo(f"{name:25s} --shape {shapes.get(name, '?'):22s} {pattern}")
 
 
 @kernels.command("bench")
@@ -62,8 +62,6 @@ def bench_cmd(name: str, shapes: tuple[str, ...], dtype: str, backward: bool, as
         raise UserError(f"gpudiag kernels needs PyTorch and Triton on the GPU machine ({exc}): pip install torch triton") from None
     if name not in available:
         raise UserError(f"no reference kernel {name!r}; available: {', '.join(sorted(registry()))}")
-    if not torch.cuda.is_available():
-        raise UserError("gpudiag kernels bench needs a CUDA GPU: run it on the GPU machine")
     kernel = available[name]
     shapes = shapes or (",".join(map(str, kernel.bench_shapes[0])),)
     # "WINDOWS,HEADS,N[,NW]": the dimensions in brackets may be left out
@@ -75,7 +73,14 @@ def bench_cmd(name: str, shapes: tuple[str, ...], dtype: str, backward: bool, as
     if not parsed or any(not len(required) <= len(p) <= len(required) + optional for p in parsed):
         raise UserError(f"--shape {', '.join(shapes)}: {name} takes {kernel.shape_doc}, "
                         f"e.g. --shape {','.join(map(str, kernel.bench_shapes[0]))}")
-    results = [bench(name, shape, getattr(torch, dtype), backward) for shape in parsed]
+    if not torch.cuda.is_available():
+        raise UserError("gpudiag kernels bench needs a CUDA GPU: run it on the GPU machine")
+    try:
+        results = [bench(name, shape, getattr(torch, dtype), backward) for shape in parsed]
+    except ValueError as exc:  # the kernel refuses the shape (e.g. a Swin grid that is not whole windows)
+        raise UserError(f"--shape {', '.join(shapes)}: {exc}") from None
+    except torch.OutOfMemoryError:
+        raise UserError(f"--shape {', '.join(shapes)}: out of GPU memory; try a smaller shape") from None
     if as_json:
         click.echo(json.dumps(results, indent=1))
         return
