@@ -165,37 +165,43 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int | None 
         # a module and its children count as one scope (a block's residual add, then its child ln_2)
         return a == b or (a.startswith("fwd:") and b.startswith("fwd:") and (a.startswith(b + ".") or b.startswith(a + ".")))
 
-    def flow_through(touched: set, after: int, before: int) -> set:
-        # storages the kernel-less op calls in (after, before) derived from what the chain touched
+    def flow_through(touched: set, after: int, before: int) -> tuple[set, list[int]]:
+        # the kernel-less op calls in (after, before) that read what the chain touched, and the
+        # storages they derived from it
+        absorbed = []
         for c in range(after + 1, before):
             if c in between and between[c][1] & touched:
                 touched = touched | between[c][2]
-        return touched
+                absorbed.append(c)
+        return touched, absorbed
 
-    chains: list[list[int]] = []
+    chains: list[tuple[list[int], list[int]]] = []  # (kernel-launching calls, kernel-less calls they flow through)
     current: list[int] = []
+    passed: list[int] = []
     touched: set = set()  # storages the chain read or wrote
     for i in range(len(calls)):  # op calls of one step
+        through: list[int] = []
         if current:
-            touched = flow_through(touched, op_call[current[-1]], op_call[i])
+            touched, through = flow_through(touched, op_call[current[-1]], op_call[i])
         continues = (current and eligible[i] and calls.at[i, "stream"] == calls.at[current[-1], "stream"]
                      and same_scope(scope[i], scope[current[-1]]) and parsed[i][1] & touched)
         if continues:
             current.append(i)
+            passed += through
             touched |= parsed[i][1] | parsed[i][2]
             continue
         if len(current) >= 2:
-            chains.append(current)
-        current = [i] if eligible[i] else []
+            chains.append((current, passed))
+        current, passed = ([i] if eligible[i] else []), []
         touched = parsed[i][1] | parsed[i][2] if eligible[i] else set()
     if len(current) >= 2:
-        chains.append(current)
+        chains.append((current, passed))
 
     groups: dict[tuple, dict] = {}
-    for chain in chains:
+    for chain, passed in chains:
         first, end = op_call[chain[0]], op_call[chain[-1]]
         touched_here = set().union(*(parsed[i][1] | parsed[i][2] for i in chain),
-                                   *(between[c][1] | between[c][2] for c in range(first, end) if c in between))
+                                   *(between[c][1] | between[c][2] for c in passed))
         inputs, outputs = set(), set()
         for s in touched_here:
             inside = [a for a in accesses[s] if first <= a[0] <= end]
