@@ -38,10 +38,14 @@ def main() -> None:
     print(f"copy bandwidth {copy_rate / 1e12:.2f} TB/s ({torch.cuda.get_device_name()})", flush=True)
     rows = []
     registry = kernels()
-    for name in args.kernels.split(",") if args.kernels else registry:
+    names = args.kernels.split(",") if args.kernels else list(registry)
+    unknown = sorted(set(names) - set(registry))
+    if unknown:
+        parser.error(f"no reference kernel {', '.join(unknown)}; available: {', '.join(sorted(registry))}")
+    for name in names:
         shapes = registry[name].bench_shapes
         for shape in sorted({shapes[0], shapes[len(shapes) // 2], shapes[-1]}, key=shapes.index) if args.quick else shapes:
-            for backward in (False, True) if registry[name].backward else (False,):
+            for backward in (False, True):
                 try:
                     r = bench(name, shape, dtype=torch.bfloat16, backward=backward, copy_bytes_per_s=copy_rate)
                 except torch.OutOfMemoryError:

@@ -5,7 +5,7 @@
 
 timm ``swin_tiny_patch4_window7_224``, random init, batch 32, AdamW, cross-entropy on random labels.
 ``--fused`` applies the reference kernels gpudiag recommends for it (gpudiag.kernels.timm_swin);
-``--compile`` runs torch.compile on the model instead, for comparison.
+``--compile`` runs torch.compile on the model (alone, or over the fused kernels), for comparison.
 """
 
 import argparse
@@ -24,6 +24,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--time", action="store_true", help="print the median step time (CUDA events, after 5 warm-up steps)")
     args = parser.parse_args()
+    if args.time and args.steps <= 5:
+        parser.error("--time needs more than 5 steps (the first 5 are warm-up), e.g. --steps 30")
 
     torch.manual_seed(0)
     model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False).cuda().train()

@@ -41,10 +41,11 @@ INDUCTOR_FUSABLE = re.compile(
 # names); only kernels that exist are listed, so a candidate never points at a missing one.
 # The first pattern that matches names the kernel, so the more specific ones come first.
 REFERENCE_PATTERNS: tuple[tuple[str, str], ...] = (
-    # Swin's window blocks (timm): LayerNorm, roll (shifted blocks), pad (a memcpy), window partition;
-    # in the backward: the partition's copy, roll back, LayerNorm backward ...
-    ("ln_roll_window_partition", r"(aten::_to_copy )?aten::native_layer_norm (aten::roll )?aten::clone"),
-    ("ln_roll_window_partition", r"aten::clone (aten::roll )?aten::native_layer_norm_backward"),
+    # Swin's shifted-window blocks (timm): LayerNorm, roll, pad (a memcpy), window partition; in the
+    # backward: the partition's copy, roll back, LayerNorm backward. The roll is required: LayerNorm
+    # then a copy without it is any model's `.contiguous()` (unshifted Swin blocks are not matched).
+    ("ln_roll_window_partition", r"(aten::_to_copy )?aten::native_layer_norm aten::roll aten::clone"),
+    ("ln_roll_window_partition", r"aten::clone aten::roll aten::native_layer_norm_backward"),
     # ... and after attention: window reverse, roll back, DropPath, residual add; in the backward:
     # DropPath's scale, roll, the reverse's copy
     ("window_reverse_roll_add", r"aten::clone (aten::roll )?aten::bernoulli_ aten::div_ aten::mul aten::add"),
@@ -117,6 +118,15 @@ def _parse(args: str, op: str) -> tuple[dict, set, set]:
     return sizes, reads, writes
 
 
+def _strip_addresses(value):
+    """A recorded argument without its storage addresses (nested lists too: cat/stack inputs)."""
+    if isinstance(value, str):
+        return re.sub(r"@[0-9a-f]+", "", value)
+    if isinstance(value, list):
+        return [_strip_addresses(v) for v in value]
+    return value
+
+
 def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int | None = 10,
                       op_payloads: list[str] | None = None) -> list[dict]:
     """Candidates from the detail step's kernels (columns: op_call, op, op_args, module, phase,
@@ -137,7 +147,9 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int | None 
         contraction=("family", lambda f: f.isin(CONTRACTION_FAMILIES).any())).sort_values("start").reset_index()
     parsed = [_parse(a, o) for a, o in zip(calls["args"], calls["op"])]  # once per op call of one step
     op_call = calls["op_call"].to_numpy()
-    # Op calls without kernels between two kernel-launching ones (by op_call, the host's order).
+    # Op calls without kernels between two kernel-launching ones (by op_call, the host's order). Any
+    # tensor argument counts as read: a metadata-only op (new_empty, as DropPath's) then carries the
+    # chain to what it creates, which is what DropPath's bernoulli_ -> mul needs.
     between: dict[int, tuple[dict, set, set]] = {}
     if op_payloads is not None and len(op_call):
         kernel_calls = set(op_call.tolist())
@@ -146,8 +158,11 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int | None 
                 name = re.match(r'^\{"op":"([^"]*)"', op_payloads[c] or "")
                 between[c] = _parse(op_payloads[c], name.group(1) if name else "")
     sizes: dict[str, float] = {}
-    for s, _, _ in [*parsed, *between.values()]:
+    for s, _, _ in parsed:
         sizes.update(s)
+    for s, _, _ in between.values():  # a kernel-less view (expand, slice) must not resize a storage
+        for k, v in s.items():
+            sizes.setdefault(k, v)
     # Accesses per storage in host order (op_call), to tell a chain's real inputs and outputs from
     # addresses the caching allocator reused for other tensors.
     accesses: dict[str, list[tuple[int, str]]] = {}
@@ -236,7 +251,7 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int | None 
             fused_floor_ns=g["floor"], saving_ns_per_step=saving, external_bytes=g["bytes"],
             kernels_per_occurrence=g["kernels"],
             compile_fusable=all(INDUCTOR_FUSABLE.match(o) for o in g["ops"]), reference_kernel=reference,
-            example_shapes=[re.sub(r"@[0-9a-f]+", "", s) if isinstance(s, str) else s for s in g["shapes"]])))
+            example_shapes=[_strip_addresses(s) for s in g["shapes"]])))
     return sorted(out, key=lambda c: -c["saving_ns_per_step"])[:top]
 
 
@@ -256,14 +271,15 @@ def saving_by_kernel(candidates: list[dict]) -> list[dict]:
 
 
 # Measured on an H200 (docs/notes/measurements.md, 2026-11-21): Swin-T bf16 training at batch 32,
-# overhead-bound (GD-OVERHEAD-BOUND fired), ran 15 % slower with the reference kernels and 47 %
+# overhead-bound (GD-OVERHEAD-BOUND fired), ran 15-23 % slower with the reference kernels and 45 %
 # faster with torch.compile; at batch 128 (GPU-bound) the same kernels saved 26 % of the step.
-# A Triton kernel launched from Python costs 22-49 us of host time per forward call against
-# 12-18 us for the eager chains it replaces (benchmarks/host_launch_cost.py).
+# A reference kernel launched from Python costs 22-81 us of host time per forward call against
+# 12-66 us for the eager chain it replaces, more for all but RMSNorm, and 230-690 us per forward +
+# backward (benchmarks/host_launch_cost.py).
 HOST_BOUND_ADVICE = ("the step is overhead-bound: the host, not the GPU, sets its time, and a Triton kernel launched "
-                     "from Python costs more host time than the eager ops it replaces, so this GPU-time saving will not "
-                     "shorten the step; use torch.compile (mode=\"reduce-overhead\" adds CUDA Graphs) or a larger batch "
-                     "first, then fuse")
+                     "from Python usually costs more host time than the eager ops it replaces, so this GPU-time saving "
+                     "is unlikely to shorten the step; use torch.compile (mode=\"reduce-overhead\" adds CUDA Graphs) or a "
+                     "larger batch first, then fuse")
 
 
 def mark_host_bound(candidates: list[dict], recommendations: list[dict]) -> None:

@@ -70,7 +70,7 @@ def bench_cmd(name: str, shapes: tuple[str, ...], dtype: str, backward: bool, as
         parsed = [tuple(int(v) for v in s.split(",")) for s in shapes]
     except ValueError:
         parsed = []
-    if not parsed or any(not len(required) <= len(p) <= len(required) + optional for p in parsed):
+    if not parsed or any(not len(required) <= len(p) <= len(required) + optional or min(p) < 1 for p in parsed):
         raise UserError(f"--shape {', '.join(shapes)}: {name} takes {kernel.shape_doc}, "
                         f"e.g. --shape {','.join(map(str, kernel.bench_shapes[0]))}")
     if not torch.cuda.is_available():

@@ -55,12 +55,16 @@ def verify_candidates(report: dict, top: int = 3, echo=print) -> int:
             echo(f"[verify] {cand['reference_kernel']}: no 2-D+ float input recorded, skipped")
             continue
         kernel = kernels()[cand["reference_kernel"]]
-        at = kernel.from_activation([int(v) for v in shape.group(2).split(",")])
+        try:
+            at = kernel.from_activation([int(v) for v in shape.group(2).split(",")])
+        except ValueError as exc:
+            echo(f"[verify] {kernel.name}: recorded shape {shape.group(2)} not usable ({exc}), skipped")
+            continue
         dtype, label = getattr(torch, shape.group(1)), "x".join(map(str, at))
         echo(f"[verify] {kernel.name} at {label} {shape.group(1)}")
         try:
             cand["verified"] = {"forward": bench(kernel.name, at, dtype, backward=False)}
-            if training and kernel.backward:
+            if training:
                 cand["verified"]["forward_backward"] = bench(kernel.name, at, dtype, backward=True)
         except Exception as exc:  # noqa: BLE001 - one failed measurement (OOM, unsupported width) must not lose the others
             echo(f"[verify] {kernel.name} at {label}: not measured ({type(exc).__name__}: {exc})")

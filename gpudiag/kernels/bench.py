@@ -22,7 +22,8 @@ def bench(name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.bfloat16
     fused_ms, compiled_ms (None if skipped or failed), fused_bytes, fused_bandwidth_bytes_per_s,
     percent_of_copy_bandwidth (forward only; None with ``backward``), max_rel_error (fused vs the
     exact reference, the worst of the outputs), speedup_vs_eager, speedup_vs_compile.
-    Raises RuntimeError without a CUDA GPU, KeyError for an unknown kernel."""
+    Raises RuntimeError without a CUDA GPU, KeyError for an unknown kernel, ValueError for a shape
+    the kernel refuses (e.g. a Swin grid that is not whole windows)."""
     import triton.testing
 
     from gpudiag.kernels.registry import kernels

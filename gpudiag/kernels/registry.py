@@ -52,7 +52,6 @@ class ReferenceKernel:
     bench_shapes: tuple = TRANSFORMER_SHAPES
     exact_reference: Callable | None = None
     from_activation: Callable = rows_cols
-    backward: bool = True  # has a backward worth timing (training)
 
 
 def randn(shape, dtype, device, gen, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:

@@ -67,19 +67,23 @@ def _block(self, x: torch.Tensor) -> torch.Tensor:
     x = window_reverse_roll_add(attn, x, ws, shift,
                                 _sample_scale(x, p1, self.training, getattr(self.drop_path1, "scale_by_keep", True)))
     x = x.reshape(B, -1, C)
-    x = drop_path_add(self.mlp(self.norm2(x)), x, getattr(self.drop_path2, "drop_prob", 0.0), self.training)
+    x = drop_path_add(self.mlp(self.norm2(x)), x, getattr(self.drop_path2, "drop_prob", 0.0), self.training,
+                      getattr(self.drop_path2, "scale_by_keep", True))
     return x.reshape(B, H, W, C)
 
 
 def apply(model: torch.nn.Module) -> torch.nn.Module:
     """Patch every SwinTransformerBlock (and its WindowAttention) of ``model`` in place; returns
-    the model. Raises ValueError when the model has no Swin block (nothing would change)."""
+    the model (applying it twice changes nothing more). Raises ValueError when the model has no
+    Swin block (nothing would change)."""
     from timm.models.swin_transformer import SwinTransformerBlock
 
     blocks = [m for m in model.modules() if isinstance(m, SwinTransformerBlock)]
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no timm SwinTransformerBlock: nothing to patch")
     for block in blocks:
+        if hasattr(block, "_gpudiag_original_forward"):
+            continue  # already patched: keep timm's forward as the fallback
         block._gpudiag_original_forward = block.forward
         block.forward = types.MethodType(_block, block)
         block.attn.forward = types.MethodType(_attention, block.attn)

@@ -231,8 +231,12 @@ def _inputs(shape, dtype, device, gen):
 
 
 def _from_activation(dims):
-    """Recorded scores [B_, heads, N, N] -> (B_, heads, N, 1). nW is not in the shape: 1 (a [1, N, N]
-    mask; the real [nW, N, N] one is read from cache as well, so the traffic is the same to within it)."""
+    """Recorded scores [B_, heads, N, N] -> (B_, heads, N, 1), or timm's masked view
+    [B, nW, heads, N, N] -> (B·nW, heads, N, nW). Without nW in the shape: 1 (a [1, N, N] mask; the
+    real [nW, N, N] one is read from cache as well, so the traffic is the same to within it).
+    Raises ValueError for other shapes."""
+    if len(dims) == 5 and dims[-1] == dims[-2]:
+        return (dims[0] * dims[1], dims[2], dims[3], dims[1])
     if len(dims) != 4 or dims[-1] != dims[-2]:
         raise ValueError(f"expected attention scores [B_, heads, N, N], got {list(dims)}")
     return (dims[0], dims[1], dims[2], 1)
