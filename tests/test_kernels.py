@@ -161,3 +161,20 @@ def test_swin_window_kernels_drop_path_dtypes_and_errors():
         sw.ln_roll_partition(x, torch.ones(9), b, 7, 3)
     with pytest.raises(ValueError, match="do not hold the tokens"):
         sw.window_reverse_roll_add(windows[:-1], residual, 7, 3)
+
+
+def test_swin_bench_shapes_that_are_not_whole_windows_are_refused(monkeypatch):
+    """`gpudiag kernels bench` on a Swin kernel with a grid that is not whole 7x7 windows: a
+    one-line error naming the shape (the input maker refuses it before any kernel runs)."""
+    from click.testing import CliRunner
+
+    from gpudiag.cli.main import cli
+    from gpudiag.kernels import bench as bench_mod
+
+    with pytest.raises(ValueError, match="multiples of the 7-token window"):
+        kernels()["window_reverse_roll_add"].make_inputs((32, 10, 14, 96), torch.float32, "cpu", torch.Generator())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # bench() itself needs a GPU; its input maker runs first, on the CPU here
+    monkeypatch.setattr(bench_mod.torch.cuda, "is_available", lambda: True)
+    result = CliRunner().invoke(cli, ["kernels", "bench", "window_reverse_roll_add", "--shape", "32,10,14,96"])
+    assert result.exit_code == 2 and "multiples of the 7-token window" in result.output

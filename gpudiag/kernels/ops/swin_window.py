@@ -254,12 +254,19 @@ def _grid_activation(dims):
     return tuple(dims)
 
 
+def _whole_windows(grid) -> None:
+    if len(grid) != 4 or grid[1] % 7 or grid[2] % 7:
+        raise ValueError(f"shape {tuple(grid)}: give BATCH,H,W,C with H and W multiples of the 7-token window")
+
+
 def _ln_inputs(grid, dtype, device, gen):
+    _whole_windows(grid)
     return (randn(grid, dtype, device, gen), randn(grid[-1:], dtype, device, gen, scale=0.1, shift=1.0),
             randn(grid[-1:], dtype, device, gen, scale=0.1))
 
 
 def _reverse_inputs(grid, dtype, device, gen):
+    _whole_windows(grid)
     B, H, W, C = grid
     return randn((B * H * W // 49, 49, C), dtype, device, gen), randn(grid, dtype, device, gen)
 
