@@ -1,3 +1,13 @@
+"""Launches the Swin LayerNorm + partition kernel and the attention-score softmax (3 times each, at
+Swin-T stage 1, batch 128 / batch 32) for Nsight Compute, on the device:
+
+    ncu --kernel-name regex:"_ln_partition_fwd|_fwd" --launch-skip 2 --launch-count 2 \
+        --section SpeedOfLight --section LaunchStats --section Occupancy \
+        python3 benchmarks/probes/ncu_swin_softmax.py
+
+Results: docs/notes/measurements.md (2026-11-21).
+"""
+
 import torch, triton
 from gpudiag.kernels.ops import swin_window as sw
 from gpudiag.kernels.registry import kernels
