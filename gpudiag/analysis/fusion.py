@@ -282,12 +282,12 @@ HOST_BOUND_ADVICE = ("the step is overhead-bound: the host, not the GPU, sets it
                      "larger batch first, then fuse")
 
 
-def mark_host_bound(candidates: list[dict], recommendations: list[dict]) -> None:
-    """When the overhead-bound rule fired, say on every candidate (``host_bound`` and ``advice``)
-    that its saving is GPU time the step will not get back (threshold and measurements: the rule's
-    and :data:`HOST_BOUND_ADVICE`'s sources)."""
+def mark_host_bound(candidates: list[dict], recommendations: list[dict]) -> str | None:
+    """Sets ``host_bound`` on every candidate: whether the overhead-bound rule fired, so that its
+    saving is GPU time the step is unlikely to get back. Returns the note the report shows once
+    above the candidates (:data:`HOST_BOUND_ADVICE`, whose comment gives the measurements), or None
+    (threshold: the GD-OVERHEAD-BOUND rule's)."""
     host_bound = any(r["rule_id"] == "GD-OVERHEAD-BOUND" for r in recommendations)
     for c in candidates:
         c["host_bound"] = host_bound
-        if host_bound:
-            c["advice"] = HOST_BOUND_ADVICE
+    return HOST_BOUND_ADVICE if host_bound else None

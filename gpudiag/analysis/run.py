@@ -332,7 +332,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
                                        device_peaks, ncu) if n else []
     all_candidates = fusion_candidates(detail, device_peaks, top=None, op_payloads=_op_payloads(nvtx))
     candidates = all_candidates[:10]
-    mark_host_bound(candidates, recommendations)
+    fusion_note = mark_host_bound(candidates, recommendations)
     module_texts = nvtx["text"].dropna()
     module_texts = module_texts[module_texts.str.startswith(nvtx_names.MODULE)].str[len(nvtx_names.MODULE):].drop_duplicates()
     split = module_texts.str.rsplit("|", n=1)
@@ -398,6 +398,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "recommendations": recommendations,
         "fusion_candidates": candidates,
         "fusion_saving_by_kernel": saving_by_kernel(all_candidates),
+        "fusion_note": fusion_note,
         "operator_classes": _operator_classes(km) if n else [],
         "roofline_points": (points := _roofline_points(km, n)) if n else [],
         "below_roof": sorted([p for p in (points if n else []) if p["lost_ns_per_step"] is not None],
