@@ -63,6 +63,9 @@ REFERENCE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("cross_entropy", r"aten::nll_loss_backward (aten::_to_copy )?aten::_log_softmax_backward_data"),
     ("bias_gelu", r"aten::pow aten::mul aten::add aten::mul aten::tanh aten::add aten::mul"),  # tanh GELU, e.g. GPT-2
     ("bias_gelu", r"aten::add aten::gelu"),
+    # the tanh GELU's backward, as autograd runs it: the tanh branch, then the x³ branch
+    ("bias_gelu", r"aten::mul aten::mul (aten::_to_copy )?aten::tanh_backward"),
+    ("bias_gelu", r"aten::pow aten::mul aten::mul (aten::_to_copy )?aten::add"),
     ("rms_norm", r"aten::pow aten::mean aten::add aten::rsqrt aten::mul"),  # LLaMA-style hand-written RMSNorm
     ("swiglu", r"aten::silu aten::mul"),  # LLaMA's gated MLP
     ("geglu", r"aten::gelu aten::mul"),
