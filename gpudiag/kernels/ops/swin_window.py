@@ -21,6 +21,8 @@ fp32 over the tiles it visits, then summed. Math in fp32, int64 offsets.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -113,10 +115,16 @@ def _reverse_add(win_ptr, res_ptr, scale_ptr, out_ptr, n_rows, n_cols, H, W, shi
     grid_off = src[:, None] * n_cols + cols[None, :]
     value = tl.load((res_ptr + grid_off) if TO_WINDOWS else (win_ptr + win_off), mask=mask, other=0.0).to(tl.float32)
     if HAS_SCALE:
-        value *= tl.load(scale_ptr + d // (H * W), mask=d < n_rows, other=0.0).to(tl.float32)[:, None]
+        value *= tl.load(scale_ptr + d.to(tl.int32) // (H * W), mask=d < n_rows, other=0.0).to(tl.float32)[:, None]
     if HAS_RES:
         value += tl.load(res_ptr + grid_off, mask=mask, other=0.0).to(tl.float32)
     tl.store((out_ptr + win_off) if TO_WINDOWS else (out_ptr + grid_off), value.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int | None) -> int:
+    # cached: the backward runs every step, and the host's time is what an overhead-bound step pays
+    return torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index).multi_processor_count
 
 
 def _tile(n_cols: int) -> tuple[int, int]:
@@ -160,7 +168,7 @@ class LnRollPartition(torch.autograd.Function):
         B, H, W, C = x.shape
         n_rows = B * H * W
         rows, block = _tile(C)
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 2
+        sms = _sm_count(x.device.index) if x.is_cuda else 2
         programs = min(triton.cdiv(n_rows, rows), 4 * sms)
         tiles_per_program = triton.cdiv(triton.cdiv(n_rows, rows), programs)
         dx = torch.empty_like(x)
