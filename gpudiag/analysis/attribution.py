@@ -165,7 +165,18 @@ def op_payloads(ops: pd.DataFrame, outs: pd.DataFrame) -> pd.Series:
     return payload.where(~well_formed, payload.str[:-1] + ',"out":' + out_json + "}")
 
 
-def attribute(kernels: pd.DataFrame, runtime_api: pd.DataFrame, nvtx: pd.DataFrame, steps: Steps) -> pd.DataFrame:
+def op_call_payloads(nvtx: pd.DataFrame) -> pd.Series:
+    """JSON payload (with outputs) of every op range, indexed by op_call: the op ranges in the
+    export's order, which :func:`attribute` numbers the same way. Empty without op ranges."""
+    if nvtx.empty:
+        return pd.Series(dtype=object)
+    text = nvtx["text"].fillna("")
+    ops = nvtx[text.str.startswith(nvtx_names.OP)].reset_index(drop=True)
+    return op_payloads(ops, nvtx[text.str.startswith(nvtx_names.OUT)]) if not ops.empty else pd.Series(dtype=object)
+
+
+def attribute(kernels: pd.DataFrame, runtime_api: pd.DataFrame, nvtx: pd.DataFrame, steps: Steps,
+              payloads: pd.Series | None = None) -> pd.DataFrame:
     """Attribution table, one row per kernel (same order as ``kernels``), with columns:
     kernel_id, api_start_ns, api_end_ns, api_tid, api_name, step (-1 outside every step),
     phase (forward/backward/optimizer/other), module (qualified path, '' if none),
@@ -173,7 +184,8 @@ def attribute(kernels: pd.DataFrame, runtime_api: pd.DataFrame, nvtx: pd.DataFra
     op_call (index of the op call that launched it, -1 if none).
 
     Kernels with no launch call in the export (API tracing off) have no step, except when the
-    step is the whole capture: then their own start time places them."""
+    step is the whole capture: then their own start time places them. ``payloads``: the
+    :func:`op_call_payloads` of ``nvtx`` when the caller already has them."""
     out = launch_calls(kernels, runtime_api)
     out.insert(0, "kernel_id", kernels["kernel_id"].to_numpy())
     when = out["api_start_ns"].to_numpy(dtype=float)
@@ -206,7 +218,7 @@ def attribute(kernels: pd.DataFrame, runtime_api: pd.DataFrame, nvtx: pd.DataFra
     ops = nvtx[text.str.startswith(nvtx_names.OP)].reset_index(drop=True) if not nvtx.empty else nvtx
     oidx = innermost_range(ops, api_start, tid)
     if not ops.empty:
-        payload = op_payloads(ops, nvtx[text.str.startswith(nvtx_names.OUT)])
+        payload = payloads if payloads is not None else op_call_payloads(nvtx)
         names = payload.str.extract(r'^\{"op":"([^"]*)"', expand=False).fillna("?").to_numpy()
         payload = payload.to_numpy()
         out["op"] = np.where(oidx >= 0, names[np.maximum(oidx, 0)], "")

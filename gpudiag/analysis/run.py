@@ -17,7 +17,7 @@ import sqlite_utils
 
 from gpudiag import __version__, nvtx_names, store
 from gpudiag.analysis import peaks as peaks_mod
-from gpudiag.analysis.attribution import Steps, attribute, find_steps, launch_calls, op_payloads, window_index
+from gpudiag.analysis.attribution import Steps, attribute, find_steps, launch_calls, op_call_payloads, window_index
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.classify import classify
 from gpudiag.analysis.families import kernel_label
@@ -226,7 +226,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     if steps.kind == "whole":
         warmup_steps = 0
         warnings.append("no step ranges found: the whole capture is treated as one step")
-    attribution = attribute(kernels, runtime_api, nvtx, steps)
+    payloads = op_call_payloads(nvtx)  # once: attribution and the fusion data flow both read them
+    attribution = attribute(kernels, runtime_api, nvtx, steps, payloads)
     device_peaks = peaks_mod.lookup(str(dev.get("name", "")), int(dev.get("sm_count", 0) or 0),
                                     dev.get("memory_bandwidth_bytes_per_s"))
     if calibration and calibration.get("gpu") == device_peaks.name:
@@ -330,7 +331,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     detail = k[(k["step"] == detail_step) & (k["op"] != "")] if detail_step is not None else k.iloc[0:0]
     recommendations = _recommendations(km, detail, idle, runtime_api, memcpy, steps, measured_ids, n, step_ns,
                                        device_peaks, ncu) if n else []
-    all_candidates = fusion_candidates(detail, device_peaks, top=None, op_payloads=_op_payloads(nvtx))
+    all_candidates = fusion_candidates(detail, device_peaks, top=None, op_payloads=payloads.tolist() if len(payloads) else None)
     candidates = all_candidates[:10]
     fusion_note = mark_host_bound(candidates, recommendations)
     module_texts = nvtx["text"].dropna()
@@ -444,15 +445,6 @@ def _recommendations(km, detail, idle, runtime_api, memcpy, steps, measured_ids,
     ctx = RuleContext(km=km, detail=detail, api=api, memcpy=copies, idle=idle_ctx,
                       n_steps=n, step_ns=step_ns, peaks=device_peaks, ncu=ncu, measured_steps=sorted(measured_ids))
     return recommend(ctx)
-
-
-def _op_payloads(nvtx: pd.DataFrame) -> list[str] | None:
-    """JSON payload of every op range, indexed by op_call (the attribution's order)."""
-    if nvtx.empty:
-        return None
-    text = nvtx["text"].fillna("")
-    ops = nvtx[text.str.startswith(nvtx_names.OP)].reset_index(drop=True)
-    return op_payloads(ops, nvtx[text.str.startswith(nvtx_names.OUT)]).tolist() if not ops.empty else None
 
 
 def _num(value) -> float | None:
