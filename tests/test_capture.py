@@ -597,7 +597,12 @@ fail("unexpected command: " + repr(args))
 
 @pytest.fixture(scope="module")
 def fake_nsys(tmp_path_factory) -> Path:
-    """An executable ``nsys`` that runs the profiled command and exports the Swin-T fixture."""
+    """An executable ``nsys`` that runs the profiled command and exports the Swin-T fixture.
+
+    It checks plumbing only: the command lines gpudiag builds, the script's run, exit code and
+    status, and that the export reaches the report. The export is NOT derived from what the script
+    ran (a CPU machine has no CUDA trace to make one from): the analysed numbers are the fixture's
+    and are tested against real captures elsewhere (test_attribution, test_timeline, test_classify)."""
     assert SWIN_EXPORT.is_file(), SWIN_EXPORT
     shebang = f"#!{sys.executable}" if len(sys.executable) < 120 and " " not in sys.executable else "#!/usr/bin/env python3"
     path = tmp_path_factory.mktemp("fake-nsys") / "nsys"
@@ -614,8 +619,9 @@ RUN_DIR_FILES = {"profile.nsys-rep", "profile.sqlite", "script_status.json", "gp
 
 
 def test_profile_end_to_end(tmp_path, fake_nsys):
-    """A script training 3 CPU steps: exit 0, a complete run directory, the script's status in
-    report.json, the nsys commands in gpudiag.log and script args passed through after --."""
+    """Plumbing: a script training 3 CPU steps gives exit 0, a complete run directory, the script's
+    own status (3 steps, from the launcher) in report.json, the nsys commands in gpudiag.log and
+    script args passed through after --. The analysed steps are the fake export's, not the script's."""
     script = _write(tmp_path / "train.py", TRAIN_LOOP + """
 import sys
 assert sys.argv[1:] == ["--epochs", "1"], sys.argv
