@@ -50,7 +50,8 @@ def _add_ln_bwd(s_ptr, w_ptr, dy_ptr, ds_res_ptr, mean_ptr, rstd_ptr, dx_ptr, dw
     for i in range(0, ROWS_PER_PROGRAM):
         row = pid * ROWS_PER_PROGRAM + i
         row_ok = row < n_rows
-        m = mask & row_ok
+        # the row test per element, not a scalar: triton 3.9's interpreter rejects scalar & block masks
+        m = mask & ((cols * 0 + row) < n_rows)
         s = tl.load(s_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
         mean = tl.load(mean_ptr + row, mask=row_ok, other=0.0)

@@ -42,7 +42,8 @@ def _rms_norm_bwd(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, n_rows
     for i in range(0, ROWS_PER_PROGRAM):  # a compile-time trip count (one compilation per shape)
         row = first + i
         row_ok = row < n_rows  # the last stripe may be short: masked, not branched
-        m = mask & row_ok
+        # the row test per element, not a scalar: triton 3.9's interpreter rejects scalar & block masks
+        m = mask & ((cols * 0 + row) < n_rows)
         x = tl.load(x_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
         r = tl.load(rstd_ptr + row, mask=row_ok, other=0.0)

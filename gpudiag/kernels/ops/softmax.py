@@ -53,7 +53,9 @@ def _fwd(s_ptr, bias_ptr, mask_ptr, y_ptr, rows_per_item, n_q, n_k, items_per_wi
     add = tl.where(col_ok[None, :], add, float("-inf"))
     for i in range(0, ITEMS):  # a compile-time trip count: the interpreter takes no runtime bounds
         k = j * ITEMS + i
-        mk = m & (k < items_per_window)  # the last chunk may be short: masked, not branched
+        # the last chunk may be short: masked, not branched; the item test per row, not a scalar:
+        # triton 3.9's interpreter rejects scalar & block masks
+        mk = m & ((local * 0 + k) < items_per_window)[:, None]
         offs = ((w + k * n_windows).to(tl.int64) * rows_per_item + local)[:, None] * n_k + cols[None, :]
         x = tl.load(s_ptr + offs, mask=mk, other=0.0).to(tl.float32) * scale + add
         e = tl.exp(x - tl.max(x, axis=1)[:, None])
@@ -74,7 +76,7 @@ def _bwd(y_ptr, dy_ptr, ds_ptr, partial_ptr, rows_per_item, n_k, items_per_windo
     acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     for i in range(0, ITEMS):
         k = j * ITEMS + i
-        mk = m & (k < items_per_window)
+        mk = m & ((local * 0 + k) < items_per_window)[:, None]  # per row: see _fwd
         offs = ((w + k * n_windows).to(tl.int64) * rows_per_item + local)[:, None] * n_k + cols[None, :]
         y = tl.load(y_ptr + offs, mask=mk, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + offs, mask=mk, other=0.0).to(tl.float32)
