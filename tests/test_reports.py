@@ -10,10 +10,11 @@ import re
 import shutil
 import subprocess
 
+import markupsafe
 import pytest
 from rich.console import Console
 
-from gpudiag.reports import html, json_report, terminal
+from gpudiag.reports import html, json_report, labels, terminal
 
 from conftest import ROOT
 
@@ -56,6 +57,28 @@ def test_code_spans_escape_before_formatting():
         "use <code>fused=True</code> &lt;b&gt;now&lt;/b&gt; &amp; <code>a&lt;b</code>"
 
 
+def terminal_tables(text: str) -> dict[str, list[list[str]]]:
+    """The tables of a rendered terminal summary: first header cell -> rows of stripped cells. A
+    line whose last cell is empty continues the row above (rich wraps long cells)."""
+    tables: dict[str, list[list[str]]] = {}
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("│" if line.startswith("│") else "┃")[1:-1]]
+        if line.startswith("┃"):
+            rows = tables.setdefault(cells[0], [])
+        elif line.startswith("│") and rows and not cells[-1]:
+            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells)]
+        elif line.startswith("│"):
+            rows.append(cells)
+    return tables
+
+
+def rendered(report: dict) -> str:
+    console = Console(record=True, width=200)
+    terminal.render(report, console)
+    return console.export_text()
+
+
 def test_terminal_summary(analysed):
     _, report = analysed("swin_t_train_bf16_crash")
     console = Console(record=True, width=140)
@@ -64,6 +87,58 @@ def test_terminal_summary(analysed):
     assert "NVIDIA H200" in text and "step time" in text and "GPU busy" in text
     assert "warning: the script failed (exit code 1): RuntimeError: planted failure at step 6" in text
     assert report["top_kernels"][0]["label"] in text
+
+
+def test_kernel_labels_are_distinct_and_the_same_everywhere(analysed):
+    """GPT-2's three CUTLASS GEMMs are all short-named Kernel2: the reports tell them apart by
+    tile and layout, with the same label in report.json, report.html and the terminal."""
+    _, report = analysed("gpt2_train_bf16")
+    assert [k["label"] for k in report["top_kernels"]].count("Kernel2") == 3  # the analysis' labels
+    data = json.loads(json_report.to_json(report))
+    labels = [k["label"] for k in data["top_kernels"]]
+    assert len(set(labels)) == len(labels)
+    assert {"Kernel2 · 128x128_tn", "Kernel2 · 256x128_nn", "Kernel2 · 128x256_nt"} <= set(labels)
+    by_name = {p["name"]: p["label"] for p in data["roofline_points"] + data["below_roof"]}
+    assert all(by_name.get(k["name"], k["label"]) == k["label"] for k in data["top_kernels"])
+    page, text = html.render(report), rendered(report)
+    for k in data["top_kernels"]:
+        assert f"<summary>{markupsafe.escape(k['label'])}</summary>" in page
+    assert [row[0] for row in terminal_tables(text)["kernel"]] == labels[:5]
+    assert json_report.to_json(data) == json_report.to_json(report)  # relabelling is idempotent
+
+
+def test_label_suffixes():
+    """Rarest distinguishing token, trimmed of shared parts; #n where only numbers differ."""
+    result = {"top_kernels": [
+        {"name": "void cutlass::Kernel2<cutlass_75_gemm_128x128_tn_align1>(T1::Params)", "label": "Kernel2"},
+        {"name": "void cutlass::Kernel2<cutlass_75_gemm_256x64_nn_align1>(T1::Params)", "label": "Kernel2"},
+        {"name": "void k<(int)4>(T1)", "label": "k"}, {"name": "void k<(int)8>(T1)", "label": "k"},
+        {"name": "solo", "label": "solo"}]}
+    assert list(labels.distinct_labels(result).values()) == [
+        "Kernel2 · 128x128_tn", "Kernel2 · 256x64_nn", "k #1", "k #2", "solo"]
+    assert labels.shorten("abcdefghij", 5) == "ab…ij" and labels.shorten("abc", 5) == "abc"
+
+
+def test_html_evidence_is_readable_text(analysed):
+    """Recorded op arguments in evidence show as comma-separated shapes without storage addresses
+    (report.json keeps the recorded text); hostile text inside them is still escaped."""
+    _, report = analysed("gpt2_train_bf16")
+    align = next(r for r in report["recommendations"] if r["rule_id"] == "GD-GEMM-ALIGN")
+    assert any("@7f" in e and "['" in e for e in align["evidence"])  # as the analysis records it
+    recommendations = html.render(report).split("<h2>Recommendations</h2>")[1].split("<h2>Fusion candidates</h2>")[0]
+    assert "aten::mm bfloat16[4096,768], bfloat16[768,50257] (N=50257)<br>" in recommendations
+    assert "@7f" not in recommendations and "[&#39;" not in recommendations
+    hostile = copy.deepcopy(report)
+    hostile["recommendations"][0]["evidence"] = ["aten::mm ['<img src=x onerror=alert(1)>@7f00', [1, 'a&b']]"]
+    page = html.render(hostile)
+    assert "aten::mm &lt;img src=x onerror=alert(1)&gt;@7f00, (1, a&amp;b)" in page and "<img src=x" not in page
+
+
+def test_evidence_text():
+    assert html.evidence_text("aten::cat [['float32[2,3]@7f0a', 'float32[2,3]@7f0b'], 1] and {'x': 1}") == \
+        "aten::cat (float32[2,3], float32[2,3]), 1 and {'x': 1}"
+    assert html.evidence_text("aten::add ['float32[8]@7fab', {'alpha': 2}, None]") == "aten::add float32[8], alpha=2, None"
+    assert html.evidence_text("Kernel2: 3366 µs/step [unbalanced") == "Kernel2: 3366 µs/step [unbalanced"
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -3,10 +3,10 @@ template with autoescaping on, so kernel names (``<``, ``>``, ``&``) are shown, 
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import ast
 import html
 import re
+from pathlib import Path
 
 import jinja2
 import markupsafe
@@ -15,6 +15,7 @@ import plotly.io as pio
 import plotly.offline
 
 from gpudiag.reports import units
+from gpudiag.reports.labels import shorten, with_distinct_labels
 
 CLASS_COLORS = {"compute": "#4c78a8", "bandwidth": "#f58518", "overhead": "#e45756", "idle": "#bab0ac"}
 
@@ -26,13 +27,67 @@ def code_spans(text: str) -> markupsafe.Markup:
     return markupsafe.Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped))
 
 
+# A storage address recorded after a tensor's shape ("bfloat16[32,768]@7f3a2c000000"): it links ops
+# for the data-flow analysis and means nothing to a reader.
+_ADDRESS = re.compile(r"(?<=\])@(?:0x)?[0-9a-fA-F]+\b")
+
+
+def _readable(value) -> str:
+    """One recorded op argument as text: lists comma-separated (nested ones in parentheses), keyword
+    dicts as key=value."""
+    if isinstance(value, (list, tuple)):
+        return ", ".join(f"({_readable(v)})" if isinstance(v, (list, tuple)) else _readable(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_readable(v)}" for k, v in value.items())
+    return str(value)
+
+
+def _closing_bracket(text: str, start: int) -> int | None:
+    """Index of the "]" closing the "[" at ``start``, skipping brackets inside quotes; None if none."""
+    depth, quote = 0, None
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
+
+
+def evidence_text(text: str) -> str:
+    """A recommendation's evidence line made readable: Python list literals of recorded op arguments
+    ("['bfloat16[32,768]@7f3a...', ...]") become comma-separated shapes, storage addresses are
+    dropped. Plain text, so autoescaping still applies to it."""
+    out, i = [], 0
+    while (start := text.find("[", i)) >= 0:
+        end = _closing_bracket(text, start) if start == 0 or not (text[start - 1].isalnum() or text[start - 1] == "_") else None
+        try:  # a shape such as float32[8,512] follows a word character and is left as it is
+            value = ast.literal_eval(text[start:end + 1]) if end is not None else None
+        except (ValueError, SyntaxError):
+            value = None
+        if isinstance(value, list):
+            out.append(text[i:start] + _readable(value))
+            i = end + 1
+        else:
+            out.append(text[i:start + 1])
+            i = start + 1
+    out.append(text[i:])
+    return _ADDRESS.sub("", "".join(out))
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("gpudiag", "templates"),
         autoescape=jinja2.select_autoescape(["html"]),
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(ns=units.fmt_ns, pct=units.fmt_pct, num=units.fmt_num, code=code_spans)
+    env.filters.update(ns=units.fmt_ns, pct=units.fmt_pct, num=units.fmt_num, code=code_spans, evidence=evidence_text)
     return env
 
 
@@ -59,7 +114,7 @@ def top_kernels_chart(result: dict, top: int = 10) -> str:
     kernels = list(reversed(result["top_kernels"][:top]))
     fig = go.Figure(go.Bar(
         x=[k["time_ns_per_step"] / 1e3 for k in kernels],
-        y=[f"{i}. {k['label'][:60]}" for i, k in zip(range(len(kernels), 0, -1), kernels)],
+        y=[f"{i}. {shorten(k['label'], 60)}" for i, k in zip(range(len(kernels), 0, -1), kernels)],
         orientation="h", marker_color=[CLASS_COLORS.get(k["kernel_class"], "#888") for k in kernels],
         hovertext=[f"{k['family']} · {k['kernel_class']} ({k['evidence']})" for k in kernels]))
     fig.update_layout(height=40 + 28 * len(kernels), margin=dict(l=10, r=10, t=30, b=40),
@@ -95,7 +150,7 @@ def roofline_chart(result: dict) -> str:
             x=[p["intensity_flop_per_byte"] for p in mine], y=[p["achieved_flop_per_s"] for p in mine], mode="markers",
             name=cls, marker=dict(color=color, size=[6 + 30 * math.sqrt(p["time_ns_per_step"] / biggest) for p in mine],
                                   line=dict(width=0.5, color="#333"), opacity=0.75),
-            hovertext=[html.escape(f"{p['label'][:80]} | AI {p['intensity_flop_per_byte']:.3g} FLOP/byte | "
+            hovertext=[html.escape(f"{shorten(p['label'], 80)} | AI {p['intensity_flop_per_byte']:.3g} FLOP/byte | "
                                    f"{p['achieved_flop_per_s'] / 1e12:.3g} TFLOP/s, {p['achieved_bytes_per_s'] / 1e9:.3g} GB/s | "
                                    f"{units.fmt_ns(p['time_ns_per_step'])}/step | {p['math_path']} | evidence {p['evidence']}")
                        for p in mine], hoverinfo="text")
@@ -107,6 +162,7 @@ def roofline_chart(result: dict) -> str:
 
 def render(result: dict) -> str:
     """The whole report page as HTML text."""
+    result = with_distinct_labels(result)
     template = _environment().get_template("report.html")
     return template.render(
         r=result, colors=CLASS_COLORS,

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpudiag.reports.labels import with_distinct_labels
+
 
 def _clean(value):
     """Make numpy scalars and NaN JSON-safe (NaN becomes null)."""
@@ -23,8 +25,8 @@ def _clean(value):
 
 
 def to_json(result: dict) -> str:
-    """The analysis result as indented JSON text."""
-    return json.dumps(_clean(result), indent=1, ensure_ascii=False)
+    """The analysis result as indented JSON text (kernel labels made distinct, as the other reports show them)."""
+    return json.dumps(_clean(with_distinct_labels(result)), indent=1, ensure_ascii=False)
 
 
 def write(result: dict, path: Path) -> Path:

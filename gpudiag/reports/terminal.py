@@ -6,12 +6,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpudiag.reports.labels import with_distinct_labels
 from gpudiag.reports.units import fmt_ns, fmt_pct
 
 
 def render(result: dict, console: Console | None = None, top: int = 5) -> None:
     """Print device, step time, GPU busy %, the breakdown and the top kernels."""
     console = console or Console()
+    result = with_distinct_labels(result)
     steps = result["steps"]
     console.print(Text(result["device"]["name"], style="bold") + Text(f" · {steps['measured']} measured steps ({steps['source']})"),
                   highlight=False)  # Text, not markup: names and regexes hold "[" 
