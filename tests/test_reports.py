@@ -14,7 +14,9 @@ import markupsafe
 import pytest
 from rich.console import Console
 
+from gpudiag.analysis.fusion import HOST_BOUND_ADVICE
 from gpudiag.reports import html, json_report, labels, terminal
+from gpudiag.reports.units import fmt_ns, fmt_pct
 
 from conftest import ROOT
 
@@ -79,14 +81,38 @@ def rendered(report: dict) -> str:
     return console.export_text()
 
 
-def test_terminal_summary(analysed):
-    _, report = analysed("swin_t_train_bf16_crash")
-    console = Console(record=True, width=140)
-    terminal.render(report, console)
-    text = console.export_text()
-    assert "NVIDIA H200" in text and "step time" in text and "GPU busy" in text
-    assert "warning: the script failed (exit code 1): RuntimeError: planted failure at step 6" in text
-    assert report["top_kernels"][0]["label"] in text
+@pytest.mark.parametrize("name", ["swin_t_train_bf16_crash", "gpt2_train_bf16"])
+def test_terminal_summary(analysed, name):
+    """Every number of the terminal summary is report.json's, formatted as the terminal formats it."""
+    _, report = analysed(name)
+    data = json.loads(json_report.to_json(report))  # what report.json holds
+    text = rendered(report)
+    tables = terminal_tables(text)
+    assert text.startswith(f"{data['device']['name']} · {data['steps']['measured']} measured steps")
+    bp = data["breakdown_percent"]
+    assert tables["step time (median)"] == [[
+        fmt_ns(data["steps"]["step_time_ns"]["median"]), fmt_pct(data["gpu_busy_percent"]),
+        fmt_pct(bp["compute"]), fmt_pct(bp["bandwidth"]), fmt_pct(bp["overhead"]), fmt_pct(bp["idle"])]]
+    assert tables["kernel"] == [
+        [k["label"], fmt_ns(k["time_ns_per_step"]), fmt_pct(k["share_of_kernel_time_percent"]), k["kernel_class"], k["evidence"]]
+        for k in data["top_kernels"][:5]]
+    assert tables.get("rule", []) == [[r["rule_id"], r["title"], fmt_ns(r["saving_ns_per_step"])]
+                                      for r in data["recommendations"][:5]]
+    assert tables.get("chain", []) == [
+        [" → ".join(op.removeprefix("aten::") for op in c["ops"]), str(c["occurrences_per_step"]),
+         fmt_ns(c["saving_ns_per_step"]), c["reference_kernel"] or "–"] for c in data["fusion_candidates"][:3]]
+    if name == "swin_t_train_bf16_crash":
+        assert "warning: the script failed (exit code 1): RuntimeError: planted failure at step 6" in text
+    else:  # the README's fusion example: its candidates are in the summary
+        assert len(tables["chain"]) == 3 and tables["chain"][0][3] == "bias_gelu"
+
+
+def test_terminal_fusion_note_for_an_overhead_bound_run(analysed):
+    """An overhead-bound run's candidates come with the report's note (their saving is GPU time)."""
+    _, report = analysed("gpt2_train_bf16")
+    assert "note:" not in rendered(report)
+    bound = dict(report, fusion_note=HOST_BOUND_ADVICE)
+    assert f"note: {HOST_BOUND_ADVICE}" in " ".join(rendered(bound).split())
 
 
 def test_kernel_labels_are_distinct_and_the_same_everywhere(analysed):

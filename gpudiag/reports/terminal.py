@@ -9,9 +9,12 @@ from rich.text import Text
 from gpudiag.reports.labels import with_distinct_labels
 from gpudiag.reports.units import fmt_ns, fmt_pct
 
+FUSION_TOP = 3  # a summary: the HTML report lists all ten candidates
+
 
 def render(result: dict, console: Console | None = None, top: int = 5) -> None:
-    """Print device, step time, GPU busy %, the breakdown and the top kernels."""
+    """Print device, step time, GPU busy %, the breakdown, the top kernels, the recommendations and
+    the top fusion candidates."""
     console = console or Console()
     result = with_distinct_labels(result)
     steps = result["steps"]
@@ -45,3 +48,29 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
         for rec in recs[:5]:
             table.add_row(Text(rec["rule_id"]), Text(rec["title"]), fmt_ns(rec["saving_ns_per_step"]))
         console.print(table)
+    render_fusion(result, console)
+
+
+def chain_text(candidate: dict) -> str:
+    """A fusion candidate's op chain as the HTML report shows it: ``mul → pow → add``."""
+    return " → ".join(op.replace("aten::", "") for op in candidate["ops"])
+
+
+def render_fusion(result: dict, console: Console, top: int = FUSION_TOP) -> None:
+    """The top fusion candidates (chain, occurrences, GPU-time saving per step, reference kernel),
+    with the overhead-bound note when the report has one; nothing when there is no candidate."""
+    candidates = result.get("fusion_candidates") or []
+    if not candidates:
+        return
+    table = Table(title=f"top {min(top, len(candidates))} of {len(candidates)} fusion candidates "
+                        "(GPU time saved per step; report.html has them all)", show_header=True, header_style="bold")
+    table.add_column("chain", overflow="fold", max_width=60)
+    table.add_column("×/step", justify="right")
+    table.add_column("saving/step", justify="right")
+    table.add_column("reference kernel")
+    for c in candidates[:top]:
+        table.add_row(Text(chain_text(c)), str(c["occurrences_per_step"]), fmt_ns(c["saving_ns_per_step"]),
+                      Text(c.get("reference_kernel") or "–"))
+    console.print(table)
+    if result.get("fusion_note"):  # the saving is GPU time; an overhead-bound step will not get it back
+        console.print(Text("note: ", style="yellow") + Text(result["fusion_note"]), highlight=False)
