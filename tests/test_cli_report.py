@@ -106,3 +106,44 @@ def test_a_run_directory_uses_its_own_warmup_setting(tmp_path, export_path):
     (run_dir / "script_status.json").write_text(json.dumps(status))
     data = json.loads(run("report", run_dir, "--json").output)
     assert data["steps"]["warmup_steps"] == 4 and data["steps"]["measured"] == 6
+
+
+def test_a_failed_report_leaves_no_output_folder(tmp_path, monkeypatch):
+    """Folders this invocation created are removed when it fails; one that existed stays, contents
+    and all."""
+    junk = tmp_path / "junk.sqlite"
+    junk.write_text("not a database")
+    fresh = tmp_path / "new" / "nested"
+    assert run("report", junk, "-o", fresh).exit_code == 2
+    assert not (tmp_path / "new").exists()
+    monkeypatch.chdir(tmp_path)  # the default output folder, gpudiag-reports/junk
+    assert run("report", junk).exit_code == 2
+    assert not (tmp_path / "gpudiag-reports").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert run("report", junk, "-o", kept).exit_code == 2
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]
+
+
+def test_nsys_reports_and_empty_files_are_named_for_what_they_are(tmp_path):
+    """A .nsys-rep must be exported first; an empty file is called empty. One line each, exit 2,
+    no output folder left behind."""
+    report_file = tmp_path / "train.nsys-rep"
+    report_file.write_bytes(b"\x00\x01nsys-rep payload")
+    empty_report = tmp_path / "crashed.nsys-rep"
+    empty_report.write_bytes(b"")
+    empty_export = tmp_path / "profile.sqlite"
+    empty_export.write_bytes(b"")
+    expected = {
+        report_file: "train.nsys-rep: an Nsight Systems report, not its SQLite export; export it first: "
+                     "nsys export --type sqlite -o train.sqlite train.nsys-rep, then pass train.sqlite",
+        empty_report: "crashed.nsys-rep: empty file (0 bytes): nothing was captured into it; capture again with "
+                      "nsys profile, then run: nsys export --type sqlite -o crashed.sqlite crashed.nsys-rep",
+        empty_export: "profile.sqlite: empty file (0 bytes); pass an nsys SQLite export, made with: "
+                      "nsys export --type sqlite -o profile.sqlite profile.nsys-rep",
+    }
+    for path, message in expected.items():
+        result = run("report", path, "-o", tmp_path / "out")
+        assert result.exit_code == 2 and result.output == f"Error: {path.parent}/{message}\n"
+        assert not (tmp_path / "out").exists()

@@ -81,3 +81,23 @@ def test_not_an_export(tmp_path):
         read_export(other)
     with pytest.raises(ExportError, match="no such file"):
         read_export(tmp_path / "missing.sqlite")
+
+
+def test_empty_files_and_nsys_reports(tmp_path):
+    """sqlite3 opens an empty file as an empty database: the reader says "empty" instead of "not an
+    nsys export", and points a .nsys-rep at nsys export."""
+    empty = tmp_path / "profile.sqlite"
+    empty.write_bytes(b"")
+    with pytest.raises(ExportError, match=r"profile.sqlite: empty file \(0 bytes\)"):
+        read_export(empty)
+    rep = tmp_path / "run.nsys-rep"
+    rep.write_bytes(b"")
+    with pytest.raises(ExportError, match=r"run.nsys-rep: empty file .* nsys export --type sqlite -o run.sqlite run.nsys-rep"):
+        read_export(rep)
+    rep.write_bytes(b"not sqlite at all")
+    with pytest.raises(ExportError, match=r"run.nsys-rep: an Nsight Systems report, not its SQLite export; export it first"):
+        read_export(rep)
+    damaged = tmp_path / "damaged.sqlite"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)
+    with pytest.raises(ExportError, match="damaged.sqlite: a damaged SQLite file"):
+        read_export(damaged)

@@ -94,15 +94,20 @@ def write_reports(result: dict, out_dir: Path) -> None:
     html.write(result, out_dir / "report.html")
 
 
-def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, status: dict | None = None,
-                       as_json: bool = False, ncu: Path | None = None, calibration: dict | None = None,
-                       top: int = 20) -> dict:
-    """Ingest ``export`` (``.sqlite`` or ``.sqlite.xz``, plus the Nsight Compute report ``ncu`` if
-    given, ``.ncu-rep`` or ``.ncu-rep.xz``) into ``out_dir``/run.sqlite, analyse it and write
-    report.html and report.json there; prints the terminal summary (or the JSON)."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"{out_dir}: exists and is not a directory; pass -o DIR with a directory path")
-    out_dir.mkdir(parents=True, exist_ok=True)
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist yet (what ``mkdir(parents=True)``
+    creates), or None when ``path`` exists."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing = p
+    return missing
+
+
+def _ingest_and_analyse(export: Path, out_dir: Path, options: AnalysisOptions, status: dict | None,
+                        ncu: Path | None, calibration: dict | None, top: int) -> dict:
+    """The run database in ``out_dir`` and the analysis result; UserError naming the user's files."""
     with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
         source = _decompressed(export, Path(tmp))
         ncu_source = _decompressed(ncu, Path(tmp)) if ncu else None
@@ -114,11 +119,30 @@ def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, st
             raise UserError(message.replace(str(ncu_source), str(ncu)) if ncu_source else message) from None
     warmup = options.warmup_steps if options.warmup_steps is not None else (status or {}).get("warmup_steps", 2)
     try:
-        result = analyse(db, warmup_steps=warmup, steps_from=options.steps_from, status=status, calibration=calibration,
-                         top=top)
+        return analyse(db, warmup_steps=warmup, steps_from=options.steps_from, status=status, calibration=calibration,
+                       top=top)
     except AnalysisError as exc:
         raise UserError(f"{export}: {exc}", exit_code=3) from None
-    write_reports(result, out_dir)
+
+
+def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, status: dict | None = None,
+                       as_json: bool = False, ncu: Path | None = None, calibration: dict | None = None,
+                       top: int = 20) -> dict:
+    """Ingest ``export`` (``.sqlite`` or ``.sqlite.xz``, plus the Nsight Compute report ``ncu`` if
+    given, ``.ncu-rep`` or ``.ncu-rep.xz``) into ``out_dir``/run.sqlite, analyse it and write
+    report.html and report.json there; prints the terminal summary (or the JSON). When it fails, the
+    folders it created are removed again (a folder that existed before is left alone)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir}: exists and is not a directory; pass -o DIR with a directory path")
+    created = _first_missing(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        result = _ingest_and_analyse(export, out_dir, options, status, ncu, calibration, top)
+        write_reports(result, out_dir)
+    except BaseException:  # also Ctrl-C: an empty or half-written report folder only misleads
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     if as_json:
         click.echo(json_report.to_json(result))
     else:

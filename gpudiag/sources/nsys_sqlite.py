@@ -95,15 +95,49 @@ def _enum(conn, tables: set[str], table: str) -> pd.Series:
     return pd.Series(df["label"].values, index=df["id"].values)
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+REPORT_SUFFIXES = (".nsys-rep", ".qdrep")  # Nsight Systems' own report formats, not SQLite
+
+
+def _export_command(path: Path) -> str:
+    """The nsys command that makes the export ``path`` stands for (REPORT where its name says nothing)."""
+    stem = path.stem if path.suffix in (".sqlite", *REPORT_SUFFIXES) else "REPORT"
+    return f"nsys export --type sqlite -o {stem}.sqlite {stem}.nsys-rep"
+
+
+def _not_sqlite_message(path: Path, head: bytes) -> str | None:
+    """Why ``path`` (whose first bytes are ``head``) is not an SQLite export, with the fix; None if
+    it starts like an SQLite file. Checked before sqlite3 opens it: sqlite3 takes an empty file for
+    an empty database."""
+    export = _export_command(path)
+    if path.suffix in REPORT_SUFFIXES:
+        if not head:
+            return f"{path}: empty file (0 bytes): nothing was captured into it; capture again with nsys profile, then run: {export}"
+        return f"{path}: an Nsight Systems report, not its SQLite export; export it first: {export}, then pass {path.stem}.sqlite"
+    if not head:
+        return f"{path}: empty file (0 bytes); pass an nsys SQLite export, made with: {export}"
+    if not head.startswith(SQLITE_MAGIC):
+        return f"{path}: not an SQLite file; pass an nsys SQLite export, made with: {export}"
+    return None
+
+
 def open_export(path: Path) -> sqlite3.Connection:
     """Open ``path`` read-only. Raises :class:`ExportError` if it is not an SQLite nsys export."""
     if not path.is_file():
         raise ExportError(f"{path}: no such file; pass an nsys SQLite export (nsys export --type sqlite) or a gpudiag run directory")
     try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError as exc:
+        raise ExportError(f"{path}: cannot be read ({exc.strerror}); check its permissions") from None
+    problem = _not_sqlite_message(path, head)
+    if problem:
+        raise ExportError(problem)
+    try:
         conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)  # as_uri escapes # and ?
         tables = _tables(conn)
     except sqlite3.DatabaseError:
-        raise ExportError(f"{path}: not an SQLite file; export the report with: nsys export --type sqlite {path.with_suffix('.nsys-rep').name}") from None
+        raise ExportError(f"{path}: a damaged SQLite file; export the report again with: {_export_command(path)}") from None
     if not tables & {"CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "StringIds"}:
         conn.close()
         raise ExportError(f"{path}: an SQLite file but not an nsys export (no CUPTI or NVTX tables); pass the file written by nsys export --type sqlite")
