@@ -8,13 +8,14 @@ import json
 import shutil
 import sqlite3
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from gpudiag.analysis.gate import GateConfig, Metric, compare
+from gpudiag.analysis.gate import GateConfig, GateError, Metric, compare, config_from_table, metrics_from_report
 from gpudiag.cli.main import cli
 
 from conftest import FIXTURES
@@ -152,7 +153,10 @@ def test_configuration(runs, tmp_path, monkeypatch):
 
 
 def test_invalid_inputs_exit_3(runs, tmp_path):
-    assert invoke("gate", tmp_path / "missing", runs["swin_t_train_bf16"]).exit_code == 3
+    not_reported = tmp_path / "not_reported"
+    not_reported.mkdir()
+    result = invoke("gate", not_reported, runs["swin_t_train_bf16"])
+    assert result.exit_code == 3 and f"run 'gpudiag report {not_reported}' first" in result.output
     junk = tmp_path / "junk.json"
     junk.write_text('{"hello": 1}')
     result = invoke("gate", junk, runs["swin_t_train_bf16"])
@@ -171,3 +175,99 @@ def test_decision_rules_on_synthetic_samples():
            "family:noisy": m("family:noisy", [3e6, 1e6, 3e6, 3e6, 1e6, 3e6, 3e6])}
     verdicts = {c.name: c.verdict for c in compare(base, cur, GateConfig())}
     assert verdicts == {"step_time": "regression", "family:tiny": "ok", "family:noisy": "warning"}
+
+
+def test_a_missing_path_is_a_usage_error(runs, tmp_path):
+    """Exit 2, as the README reserves it for usage errors, with one line naming the file."""
+    missing = tmp_path / "perf" / "baseline.json"
+    for args in ((missing, runs["swin_t_train_bf16"]), (runs["swin_t_train_bf16"], missing)):
+        result = invoke("gate", *args)
+        assert result.exit_code == 2
+        assert result.output == f"Error: {missing}: no such file or directory; pass a run directory, a report.json or a baseline file\n"
+    assert invoke("baseline", "save", missing).exit_code == 2
+
+
+def test_an_unreadable_file_is_a_usage_error(runs, tmp_path, monkeypatch):
+    locked = tmp_path / "report.json"
+    locked.write_text("{}")
+    real_read = Path.read_text
+
+    def read_text(self, *args, **kwargs):  # chmod 0 does not stop root, who may run the tests
+        if self == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    result = invoke("gate", locked, runs["swin_t_train_bf16"])
+    assert result.exit_code == 2 and f"{locked}: cannot be read" in result.output
+
+
+def test_gate_metrics_mean_what_the_report_shows(runs):
+    """gpu_busy_time and overhead_time are the per-step times behind the report's GPU busy % and
+    its overhead breakdown (the gate compares medians, the report shows the mean step)."""
+    report = json.loads((runs["swin_t_train_bf16"] / "report.json").read_text())
+    metrics = metrics_from_report(report)
+    assert "gpu_busy" not in metrics and "overhead_percent" not in metrics
+    measured = [s for s in report["steps"]["per_step"] if s["measured"]]
+    assert metrics["gpu_busy_time"].unit == "ns" and metrics["overhead_time"].unit == "ns"
+    assert metrics["overhead_time"].samples == pytest.approx([s["overhead_ns"] for s in measured])
+    busy, step = sum(metrics["gpu_busy_time"].samples), sum(metrics["step_time"].samples)
+    assert 100 * busy / step == pytest.approx(report["gpu_busy_percent"])
+    assert np.mean(metrics["overhead_time"].samples) == pytest.approx(report["breakdown_ns_per_step"]["overhead_ns"])
+
+
+def old_baseline(path, new: dict) -> None:
+    """``new`` (a baseline file's content) as gpudiag wrote it before the rename: gpu_busy (ns) and
+    overhead_percent (of each step)."""
+    old = json.loads(json.dumps(new))
+    metrics = old["metrics"]
+    metrics["gpu_busy"] = metrics.pop("gpu_busy_time")
+    overhead, steps = metrics.pop("overhead_time"), metrics["step_time"]["samples"]
+    metrics["overhead_percent"] = {"unit": "percent", "direction": "lower",
+                                   "samples": [100 * o / t for o, t in zip(overhead["samples"], steps)]}
+    path.write_text(json.dumps(old))
+
+
+def test_a_baseline_with_the_old_metric_names_still_compares(runs, tmp_path):
+    baseline = tmp_path / "baseline.json"
+    assert invoke("baseline", "save", runs["swin_t_train_bf16"], "-o", baseline).exit_code == 0
+    old = tmp_path / "old.json"
+    old_baseline(old, json.loads(baseline.read_text()))
+    now = {m["name"]: m for m in json.loads(invoke("gate", baseline, runs["swin_t_train_bf16_repeat"], "--format", "json").output)["metrics"]}
+    result = invoke("gate", old, runs["swin_t_train_bf16_repeat"], "--format", "json")
+    assert result.exit_code == 0, result.output
+    before = {m["name"]: m for m in json.loads(result.output)["metrics"]}
+    assert set(before) == set(now)
+    for name in ("gpu_busy_time", "overhead_time"):
+        assert before[name]["verdict"] == now[name]["verdict"] != "new"
+        assert before[name]["baseline_median"] == pytest.approx(now[name]["baseline_median"])
+    broken = json.loads(old.read_text())
+    del broken["metrics"]["step_time"]
+    old.write_text(json.dumps(broken))
+    refused = invoke("gate", old, runs["swin_t_train_bf16_repeat"])
+    assert refused.exit_code == 3
+    assert refused.output == (f"Error: {old}: its overhead_percent cannot be converted to overhead_time (no step times); "
+                              "re-create it with 'gpudiag baseline save RUN'\n")
+
+
+def test_old_metric_names_in_the_configuration(tmp_path):
+    table = {"threshold": {"gpu_busy": 0.5, "overhead_percent": 0.3}, "ignore": ["overhead_percent"]}
+    config = config_from_table(table, "pyproject.toml")
+    assert config.threshold("gpu_busy_time") == 0.5 and config.threshold("overhead_time") == 0.3
+    assert config.ignored("overhead_time")
+    with pytest.raises(GateError, match="noise_floor.overhead_percent: the gate now compares overhead_time"):
+        config_from_table({"noise_floor": {"overhead_percent": 2}}, "pyproject.toml")
+
+
+def test_peak_memory_is_gated(runs, tmp_path):
+    """Recorded by gpudiag profile's launcher, peak memory is gated like the other metrics (5 %,
+    2 MiB floor): 10 % more in every step is a regression."""
+    report = json.loads((runs["swin_t_train_bf16_repeat"] / "report.json").read_text())
+    for step in report["per_step_metrics"]:
+        step["peak_memory_bytes"] *= 1.10
+    grown = tmp_path / "grown.json"
+    grown.write_text(json.dumps(report))
+    result = invoke("gate", runs["swin_t_train_bf16"], grown, "--format", "json")
+    assert result.exit_code == 1
+    verdicts = {m["name"]: m["verdict"] for m in json.loads(result.output)["metrics"]}
+    assert verdicts["peak_memory"] == "regression" and verdicts["step_time"] == "ok"

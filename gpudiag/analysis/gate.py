@@ -5,7 +5,7 @@ A metric *regresses* only when all three hold:
 1. its median over steps moved in the bad direction by more than its relative threshold
    (default 5 % for step time, 10 % for per-family and per-module time, see :data:`DEFAULT_THRESHOLDS`);
 2. the move is larger than the metric's absolute noise floor (default 20 µs per step for times,
-   2 launches, 1 percentage point for shares), so tiny kernels cannot trip the gate;
+   2 launches, 2 MiB of memory), so tiny kernels cannot trip the gate;
 3. the two sets of per-step samples differ significantly: two-sided Mann–Whitney U test
    (``scipy.stats.mannwhitneyu``), p < ``alpha`` (default 0.05).
 
@@ -14,6 +14,11 @@ and needs no distribution, and with 7 measured steps per run its smallest exact 
 is 2/C(14,7) ≈ 0.0006, so a real shift is detectable from one short capture. A change that passes
 (1) and (2) but not (3) is reported as a *warning*: large, but not distinguishable from noise.
 An improvement is the same test in the good direction.
+
+Every metric is a time, count or size per step, never a share of the step: a share rises when the
+rest of the step gets faster, which is no regression. ``gpu_busy_time`` and ``overhead_time`` were
+called ``gpu_busy`` and ``overhead_percent`` (a percentage of each step) before; baseline files
+and configurations with the old names are still read (:data:`RENAMED`).
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ BASELINE_FORMAT = 1
 
 # (metric-name glob, relative threshold); first match wins, user entries come before these.
 DEFAULT_THRESHOLDS: tuple[tuple[str, float], ...] = (
-    ("step_time", 0.05), ("gpu_busy", 0.05), ("kernel_launches", 0.05), ("peak_memory", 0.05), ("overhead_percent", 0.10),
+    ("step_time", 0.05), ("gpu_busy_time", 0.05), ("kernel_launches", 0.05), ("peak_memory", 0.05), ("overhead_time", 0.10),
     ("family:*", 0.10), ("module:*", 0.10), ("*", 0.10),
 )
-# Absolute noise floors by unit: ns per step, launches per step, percentage points, bytes (one
-# 2 MiB allocator block: PyTorch's caching allocator rounds large allocations to 2 MiB segments).
-DEFAULT_NOISE_FLOORS = {"ns": 20_000.0, "count": 2.0, "percent": 1.0, "bytes": float(2 << 20)}
+# Absolute noise floors by unit: ns per step, launches per step, bytes (one 2 MiB allocator block:
+# PyTorch's caching allocator rounds large allocations to 2 MiB segments).
+DEFAULT_NOISE_FLOORS = {"ns": 20_000.0, "count": 2.0, "bytes": float(2 << 20)}
+# Old metric name -> new one, for baseline files and configurations written before the rename.
+RENAMED = {"gpu_busy": "gpu_busy_time", "overhead_percent": "overhead_time"}
 
 
 class GateError(ValueError):
@@ -50,7 +57,7 @@ class Metric:
     """One gated metric: per-step ``samples`` in ``unit``; ``direction`` says which way is better."""
 
     name: str
-    unit: str  # ns, count, percent or bytes
+    unit: str  # ns, count or bytes
     samples: list[float]
     direction: str = "lower"  # every gated metric is lower-is-better today
 
@@ -85,11 +92,14 @@ def config_from_table(table: dict, origin: str) -> GateConfig:
     unknown = set(table) - CONFIG_KEYS
     if unknown:
         raise GateError(f"{origin}: unknown key(s) {sorted(unknown)} in [tool.gpudiag.gate]; allowed: {sorted(CONFIG_KEYS)}")
+    if "overhead_percent" in (table.get("noise_floor") or {}):  # percentage points do not convert to ns
+        raise GateError(f"{origin}: noise_floor.overhead_percent: the gate now compares overhead_time (ns per step); "
+                        "set noise_floor.overhead_time in ns instead")
     try:
         alpha = float(table.get("alpha", 0.05))
-        thresholds = [(str(k), float(v)) for k, v in table.get("threshold", {}).items()]
-        floors = [(str(k), float(v)) for k, v in table.get("noise_floor", {}).items()]
-        ignore = [str(p) for p in table.get("ignore", [])]
+        thresholds = [(RENAMED.get(str(k), str(k)), float(v)) for k, v in table.get("threshold", {}).items()]
+        floors = [(RENAMED.get(str(k), str(k)), float(v)) for k, v in table.get("noise_floor", {}).items()]
+        ignore = [RENAMED.get(str(p), str(p)) for p in table.get("ignore", [])]
     except (TypeError, ValueError, AttributeError):
         raise GateError(f"{origin}: [tool.gpudiag.gate] values must be numbers (alpha, threshold.*, "
                         "noise_floor.*) and a list of globs (ignore)") from None
@@ -99,9 +109,10 @@ def config_from_table(table: dict, origin: str) -> GateConfig:
 
 
 def metrics_from_report(report: dict) -> dict[str, Metric]:
-    """Gated metrics from a ``report.json`` dict: step_time, gpu_busy, overhead_percent,
-    kernel_launches, peak_memory (bytes, when the launcher recorded it), ``family:<name>`` and
-    ``module:<path>`` (GPU time per step).
+    """Gated metrics from a ``report.json`` dict, per measured step: step_time, gpu_busy_time (GPU
+    busy ns: the report's GPU busy % is this over the step time), overhead_time (ns: the report's
+    "overhead" of the step breakdown), kernel_launches, peak_memory (bytes, when the launcher
+    recorded it), ``family:<name>`` and ``module:<path>`` (GPU time).
     Raises :class:`GateError` (exit 3) for a report without per-step samples."""
     steps = report.get("per_step_metrics")
     if not steps:
@@ -109,8 +120,10 @@ def metrics_from_report(report: dict) -> dict[str, Metric]:
                         "gpudiag: re-run 'gpudiag report' on it)", exit_code=3)
     metrics = {
         "step_time": Metric("step_time", "ns", [s["step_time_ns"] for s in steps]),
-        "gpu_busy": Metric("gpu_busy", "ns", [s["busy_ns"] for s in steps]),
-        "overhead_percent": Metric("overhead_percent", "percent", [s["overhead_percent"] or 0.0 for s in steps]),
+        "gpu_busy_time": Metric("gpu_busy_time", "ns", [s["busy_ns"] for s in steps]),
+        # report.json keeps each step's overhead as a percentage of that step
+        "overhead_time": Metric("overhead_time", "ns", [(s["overhead_percent"] or 0.0) * s["step_time_ns"] / 100
+                                                         for s in steps]),
         "kernel_launches": Metric("kernel_launches", "count", [float(s["kernel_launches"]) for s in steps]),
     }
     peaks = [s.get("peak_memory_bytes") for s in steps]
@@ -141,13 +154,28 @@ def load(data: dict, origin: str) -> tuple[dict[str, Metric], dict]:
                        for name, m in data["metrics"].items()}
         except (KeyError, TypeError, ValueError):
             raise GateError(f"{origin}: a damaged baseline file; re-create it with 'gpudiag baseline save RUN'", exit_code=3) from None
-        return metrics, data.get("environment") or {}
+        return _renamed(metrics, origin), data.get("environment") or {}
     if "schema_version" in data and "steps" in data:
         try:
             return metrics_from_report(data), environment_of(data)
         except GateError as exc:
             raise GateError(f"{origin}: {exc}", exit_code=3) from None
     raise GateError(f"{origin}: neither a gpudiag report.json nor a baseline file", exit_code=3)
+
+
+def _renamed(metrics: dict[str, Metric], origin: str) -> dict[str, Metric]:
+    """A baseline's metrics under today's names (:data:`RENAMED`): gpu_busy is gpu_busy_time;
+    overhead_percent (of each step) becomes overhead_time with the step times of the same steps."""
+    out = {RENAMED.get(name, name): Metric(RENAMED.get(name, name), m.unit, m.samples, m.direction)
+           for name, m in metrics.items() if name != "overhead_percent"}
+    old = metrics.get("overhead_percent")
+    if old is not None:
+        steps = metrics.get("step_time")
+        if steps is None or len(steps.samples) != len(old.samples):
+            raise GateError(f"{origin}: its overhead_percent cannot be converted to overhead_time (no step times); "
+                            "re-create it with 'gpudiag baseline save RUN'", exit_code=3)
+        out["overhead_time"] = Metric("overhead_time", "ns", [p * t / 100 for p, t in zip(old.samples, steps.samples)])
+    return out
 
 
 def environment_of(report: dict) -> dict:

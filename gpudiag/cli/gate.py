@@ -23,14 +23,23 @@ EXIT_PASS, EXIT_REGRESSION, EXIT_USAGE, EXIT_NOT_COMPARABLE = 0, 1, 2, 3
 
 def read_run(path: Path) -> tuple[dict, str]:
     """Parsed JSON of a run directory's report.json, a report.json or a baseline file, and its label.
-    Raises UserError (exit 3) when there is nothing to read."""
+    Raises UserError: exit 2 (usage) when ``path`` does not exist or cannot be read, exit 3
+    (invalid run) when it holds no report or no JSON."""
+    if not path.exists():
+        raise UserError(f"{path}: no such file or directory; pass a run directory, a report.json or a baseline file",
+                        exit_code=EXIT_USAGE)
     file = path / "report.json" if path.is_dir() else path
     if not file.is_file():
-        hint = "run 'gpudiag report' on it first" if path.is_dir() else "pass a run directory, a report.json or a baseline file"
-        raise UserError(f"{file}: not found; {hint}", exit_code=EXIT_NOT_COMPARABLE)
+        raise UserError(f"{file}: not found; run 'gpudiag report {path}' first", exit_code=EXIT_NOT_COMPARABLE)
     try:
-        return json.loads(file.read_text(encoding="utf-8")), str(path)
-    except (ValueError, UnicodeDecodeError):
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"{file}: cannot be read ({exc.strerror}); check its permissions", exit_code=EXIT_USAGE) from None
+    except UnicodeDecodeError:
+        text = ""  # binary content: reported as not JSON below
+    try:
+        return json.loads(text), str(path)
+    except ValueError:
         raise UserError(f"{file}: not valid JSON; pass a gpudiag report.json or baseline file", exit_code=EXIT_NOT_COMPARABLE) from None
 
 
@@ -71,8 +80,12 @@ def gate(baseline: Path, current: Path, fmt: str, config_file: Path | None, allo
     its threshold (5 % for step time by default), by more than its noise floor, and the per-step
     samples differ significantly (two-sided Mann-Whitney U, p < alpha).
 
-    Exit codes: 0 pass (warnings allowed), 1 regression, 2 usage or configuration error,
-    3 nothing comparable or an invalid run.
+    Metrics: step_time, gpu_busy_time, overhead_time (ns per step), kernel_launches, peak_memory
+    (where recorded), family:* and module:* GPU time; baselines with the old names gpu_busy and
+    overhead_percent are converted.
+
+    Exit codes: 0 pass (warnings allowed), 1 regression, 2 usage or configuration error (a missing
+    or unreadable BASELINE or CURRENT), 3 nothing comparable or an invalid run.
 
     \b
     Example:

@@ -17,7 +17,7 @@ from gpudiag.analysis.gate import Comparison
 from gpudiag.reports.units import fmt_ns
 
 VERDICT_STYLE = {"regression": "bold red", "warning": "yellow", "improvement": "green", "ok": "", "new": "dim", "gone": "dim"}
-HEADLINE = ("step_time", "gpu_busy", "overhead_percent", "kernel_launches", "peak_memory")
+HEADLINE = ("step_time", "gpu_busy_time", "overhead_time", "kernel_launches", "peak_memory")
 
 
 def result_dict(comparisons: list[Comparison], verdict: str, exit_code: int, baseline: str, current: str,
@@ -58,7 +58,7 @@ def terminal(result: dict, console: Console | None = None, show_all: bool = Fals
     console = console or Console()
     table = Table(show_header=True, header_style="bold", title=f"gpudiag gate: {result['verdict'].upper()}")
     table.add_column("metric", no_wrap=True, overflow="ellipsis", max_width=48)
-    for col in ("before", "after", "Δ", "p", "verdict"):
+    for col in ("before (median)", "after (median)", "Δ", "p", "verdict"):  # medians of per-step samples
         table.add_column(col, justify="right")
     for c in shown(result, show_all):
         table.add_row(Text(c["name"]), _value(c["baseline_median"], c["unit"]), _value(c["current_median"], c["unit"]),
@@ -76,7 +76,7 @@ def to_json(result: dict) -> str:
 def markdown(result: dict, show_all: bool = False) -> str:
     lines = [f"### gpudiag gate: {result['verdict']}", "",
              f"Baseline `{result['baseline']}` vs current `{result['current']}`; {result['test']}, alpha {result['alpha']}.", "",
-             "| metric | before | after | Δ | p | verdict |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+             "| metric | before (median) | after (median) | Δ | p | verdict |", "| --- | ---: | ---: | ---: | ---: | --- |"]
     for c in shown(result, show_all):
         name = c["name"].replace("|", "\\|")
         lines.append(f"| `{name}` | {_value(c['baseline_median'], c['unit'])} | {_value(c['current_median'], c['unit'])} "
