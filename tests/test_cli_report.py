@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from gpudiag.cli.main import cli
 
-from conftest import EXPORTS, FIXTURES
+from conftest import EXPORTS, FIXTURES, ROOT
 
 
 def run(*args):
@@ -147,3 +147,14 @@ def test_nsys_reports_and_empty_files_are_named_for_what_they_are(tmp_path):
         result = run("report", path, "-o", tmp_path / "out")
         assert result.exit_code == 2 and result.output == f"Error: {path.parent}/{message}\n"
         assert not (tmp_path / "out").exists()
+
+
+def test_every_command_has_a_readme_section():
+    """A newcomer finds each command of `gpudiag --help` under the README's Commands, with options
+    that exist (gpudiag calibrate was missing)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    headings = [line for line in readme.splitlines() if line.startswith("### `gpudiag ")]
+    for name in cli.commands:
+        assert any(f"`gpudiag {name}" in h for h in headings), name
+    calibrate_options = {o for p in cli.commands["calibrate"].params for o in p.opts}
+    assert "gpudiag calibrate --force --json" in readme and {"--force", "--json"} <= calibrate_options
