@@ -56,8 +56,8 @@ def check_output(stdout: str, kind: str) -> list[float]:
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_zoo_script_byte_compiles(script):
-    py_compile.compile(str(ZOO / script), doraise=True)
+def test_zoo_script_byte_compiles(script, tmp_path):
+    py_compile.compile(str(ZOO / script), cfile=str(tmp_path / (script + "c")), doraise=True)
 
 
 needs_transformers = pytest.mark.skipif(not importable("transformers"),
