@@ -173,7 +173,8 @@ def test_summary_reports_optimizer_mode_and_completed_steps(optimizer_capture):
     """finish() summarises the capture: mode detected from the script, 4 steps ended by optimizer.step()."""
     _, summary = optimizer_capture
     assert summary == {"step_mode": "optimizer", "steps_completed": 4, "detail_step": 1, "warmup_steps": 1,
-                       "peak_memory_bytes_per_step": {}}  # no CUDA on this machine: nothing to record
+                       "peak_memory_bytes_per_step": {},  # no CUDA on this machine: nothing to record
+                       "compile": None}  # torch.compile never used
 
 
 def test_step_ranges_cover_the_loop_and_last_one_is_the_tail(optimizer_capture):

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass, field
 
@@ -89,8 +91,6 @@ def default_nvtx():
         backend.push(nvtx_names.PREFIX + "probe")
         backend.pop()
     except RuntimeError as exc:  # CPU-only torch: "NVTX functions not installed"
-        import warnings
-
         warnings.warn(f"gpudiag: no NVTX in this torch ({exc}); the capture will have no gpudiag ranges")
         return NullNvtx()
     return backend
@@ -167,6 +167,13 @@ def _make_op_mode(nvtx):
     class OpRanges(TorchDispatchMode):
         """One NVTX range per aten op, enclosing its kernel launches. Outputs are only known after
         the call, so they go into an empty range nested just before the op's range closes."""
+
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            # Without this, Dynamo refuses to run compiled code while a dispatch mode is active
+            # and the detail step would run eagerly (other kernels, other numerics). With it, the
+            # compiled artifact runs as compiled; the mode sees only the aten calls it makes.
+            return True
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -252,31 +259,67 @@ def user_step() -> None:
 
 # ---- modules -----------------------------------------------------------------------------------
 
+def _unwrap_compiled(module):
+    """The user's model inside a ``torch.compile`` wrapper (OptimizedModule), else ``module``."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is not None and isinstance(module, eval_frame.OptimizedModule):
+        return module._orig_mod
+    return module
+
+
 def _module_name(state: _State, module) -> str:
     name = state.module_names.get(module)
     if name is None:
         # Not named yet, so no parent has run: it is a root. Name it and its whole subtree now.
-        root = type(module).__name__
-        for path, sub in module.named_modules():
+        # torch.compile(model) wraps the model in an OptimizedModule whose only child is
+        # `_orig_mod`: name the wrapper as the model itself so paths read as the user wrote them.
+        named = _unwrap_compiled(module)
+        root = type(named).__name__
+        if named is not module:
+            state.module_names[module] = root + "|" + root
+        for path, sub in named.named_modules():
             if sub not in state.module_names:
-                state.module_names[sub] = (path or root) + "|" + type(sub).__name__
+                # a compiled submodule's wrapper and its `_orig_mod` share the user's path
+                path = re.sub(r"(^|\.)_orig_mod(?=\.|$)", "", path).strip(".")
+                state.module_names[sub] = (path or root) + "|" + type(_unwrap_compiled(sub)).__name__
         name = state.module_names[module]
     return name
 
 
+def _compiling() -> bool:
+    """True while Dynamo traces (``torch.compiler.is_compiling``). Dynamo inlines global module
+    hooks into the graphs it captures: returning at once there keeps gpudiag out of compiled code
+    (no graph break, no guard on gpudiag's state, no recompilation). Module ranges then stay
+    outside compiled regions; the kernels inside are attributed through Inductor's provenance."""
+    import torch
+
+    return torch.compiler.is_compiling()
+
+
+def _compiler_artifact(module) -> bool:
+    """An FX GraphModule: what torch.compile's eager-running backends (aot_eager, eager) call at
+    run time in place of the user's modules. Not a module of the user's: no range of its own."""
+    fx = sys.modules.get("torch.fx")
+    return fx is not None and isinstance(module, fx.GraphModule)
+
+
 def _forward_pre_hook(module, args):
+    if _compiling():
+        return None
     state = _state
     if state is None:
         return None
     _ensure_step_open()
-    if state.config.module_ranges:
+    if state.config.module_ranges and not _compiler_artifact(module):
         state.nvtx.push(nvtx_names.MODULE + _module_name(state, module))
     return None
 
 
 def _forward_hook(module, args, output):
+    if _compiling():
+        return None
     state = _state
-    if state is not None and state.config.module_ranges:
+    if state is not None and state.config.module_ranges and not _compiler_artifact(module):
         state.nvtx.pop()
     return None
 
@@ -288,7 +331,7 @@ def _wrap_backward(torch):
 
     def backward(*args, **kwargs):
         state = _state
-        if state is None:
+        if state is None or _compiling():
             return original(*args, **kwargs)
         _ensure_step_open()
         state.nvtx.push(nvtx_names.PHASE + "backward")
@@ -303,14 +346,14 @@ def _wrap_backward(torch):
 
 def _optimizer_pre_hook(optimizer, args, kwargs):
     state = _state
-    if state is not None:
+    if state is not None and not _compiling():
         _ensure_step_open()
         state.nvtx.push(nvtx_names.PHASE + "optimizer")
 
 
 def _optimizer_post_hook(optimizer, args, kwargs):
     state = _state
-    if state is None:
+    if state is None or _compiling():
         return
     state.nvtx.pop()
     if state.step_mode == "optimizer":
@@ -382,12 +425,46 @@ def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State
         state.step_regex = re.compile(config.steps_from[5:])
         _wrap_user_nvtx(state, torch)
     _state = state
+    # torch warns that global hooks fire once more for a compiled model's OptimizedModule wrapper:
+    # gpudiag expects that (the wrapper is named as the model, the inner calls are traced no-ops),
+    # and the warning would otherwise appear in the user's output as if their script caused it.
+    warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
     nn_module.register_module_forward_pre_hook(_forward_pre_hook)
     nn_module.register_module_forward_hook(_forward_hook, always_call=True)
     optim_module.register_optimizer_step_pre_hook(_optimizer_pre_hook)
     optim_module.register_optimizer_step_post_hook(_optimizer_post_hook)
     _wrap_backward(torch)
     return state
+
+
+def _break_reason(text) -> str:
+    """Dynamo's graph-break text shortened to its title and explanation lines (≤ 300 chars)."""
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    keep = lines[:1] + [line.removeprefix("Explanation: ") for line in lines[1:] if line.startswith("Explanation:")]
+    return ": ".join(keep)[:300]
+
+
+def compile_summary() -> dict | None:
+    """What Dynamo did in this process, from ``torch._dynamo.utils.counters`` (None when
+    torch.compile was never used): frames compiled, graphs captured, graph breaks (with their
+    reasons' first lines and counts) and recompilations. Read at the end of the script."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    from torch._dynamo.utils import counters
+
+    stats, frames = counters.get("stats", {}), counters.get("frames", {})
+    if not stats and not frames:
+        return None
+    breaks = counters.get("graph_break", {})
+    return {
+        "frames_compiled": int(frames.get("ok", 0)),
+        "unique_graphs": int(stats.get("unique_graphs", 0)),
+        "calls_captured": int(stats.get("calls_captured", 0)),
+        "graph_breaks": int(sum(breaks.values())),
+        "graph_break_reasons": [{"reason": _break_reason(r), "count": int(n)}
+                                for r, n in sorted(breaks.items(), key=lambda kv: -kv[1])[:10]],
+        "recompiles": int(sum(counters.get("recompiles", {}).values())),
+    }
 
 
 def finish() -> dict:
@@ -411,4 +488,5 @@ def finish() -> dict:
         "detail_step": state.config.effective_detail_step if state.config.op_ranges else None,
         "warmup_steps": state.config.warmup_steps,
         "peak_memory_bytes_per_step": {str(k): v for k, v in state.peak_memory_bytes.items()},
+        "compile": compile_summary(),
     }
