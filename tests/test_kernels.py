@@ -48,14 +48,24 @@ def test_fused_matches_reference_forward_and_backward(name, dtype, shape):
     dy = dys[0]
     torch.autograd.backward(ys, [d.to(y.dtype) for d, y in zip(dys, ys)])
     torch.autograd.backward(refs, dys)
-    if shape[-1] == 1 and name in ("rms_norm", "add_layer_norm"):
-        return  # normalizing one element: the input gradient is ~0 and only rounding noise is left
-    for got, want in zip(fused_in, ref_in):
-        if not want.is_floating_point() or want.grad is None:
-            continue
+    # RMSNorm of one element: y = w·x/√(x² + eps), so dx = dy·w·eps/(x² + eps)^1.5 ≈ 0, which the kernel
+    # gets as r·g·(1 − x²r²): a cancellation that leaves fp32 rounding noise of ~1e-7·|dy|. That
+    # gradient is judged against ‖dy‖ (a kernel that dropped the projection would be off by ~‖dy‖).
+    # The weight gradient, and add_layer_norm's (whose x and residual gradients are the exact
+    # residual-path gradient: the normalised part is 0), are checked as every other case.
+    vanishing = {0} if (name == "rms_norm" and shape[-1] == 1) else set()
+    checked = 0
+    for i, (got, want) in enumerate(zip(fused_in, ref_in)):
+        if not want.is_floating_point():
+            continue  # integer inputs (labels) have no gradient
+        assert want.grad is not None and got.grad is not None, f"input {i} got no gradient"
+        assert got.grad.dtype == got.dtype and got.grad.shape == got.shape
         # A gradient that is ~0 by the math is compared against ‖dy‖ rather than itself.
-        scale = max(want.grad.norm().item(), 1e-2 * dy.norm().item())
-        assert (got.grad.double() - want.grad).norm().item() / scale < 2 * TOLERANCE[dtype]
+        floor = 1.0 if i in vanishing else 1e-2
+        scale = max(want.grad.norm().item(), floor * dy.norm().item())
+        assert (got.grad.double() - want.grad).norm().item() / scale < 2 * TOLERANCE[dtype], f"input {i}"
+        checked += 1
+    assert checked >= 1  # every case compares at least one gradient
 
 
 def test_leading_dimensions_and_errors():
