@@ -645,6 +645,23 @@ print("training done")
     log = (run_dir / "gpudiag.log").read_text()
     assert f"$ {fake_nsys} profile" in log and f"$ {fake_nsys} export" in log
     assert "--trace=cuda,nvtx,osrt" in log and "training done" in log
+    # the bare run: the script once more, without nsys (its output in the log only), step wall
+    # times of steps 1 and 2 (step k runs from optimizer.step() k-1 to k) in both statuses
+    assert log.count("training done") == 2 and result.output.count("training done") == 1
+    assert '"bare": true' in log and "[bare]" in result.output
+    assert set(status["step_wall_ns"]) == set(status["bare_run"]["step_wall_ns"]) == {"1", "2"}
+    assert status["bare_run"]["exit_code"] == 0
+    # the fake export's measured steps are not the script's: the report says it cannot compare
+    assert "unavailable" in report["representativeness"]
+
+
+def test_profile_no_bare_run(tmp_path, fake_nsys):
+    script = _write(tmp_path / "train.py", TRAIN_LOOP + "for _ in range(3):\n    train_step()\n")
+    run_dir = tmp_path / "run"
+    result = profile_cli(str(script), "-o", str(run_dir), "--nsys", str(fake_nsys), "--no-bare-run")
+    assert result.exit_code == 0, result.output
+    assert "[bare]" not in result.output and not (run_dir / "bare_status.json").exists()
+    assert json.loads((run_dir / "report.json").read_text())["representativeness"] is None
 
 
 def test_profile_crashing_script_still_reports(tmp_path, fake_nsys):

@@ -22,6 +22,7 @@ from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.classify import classify
 from gpudiag.analysis.families import kernel_label
 from gpudiag.analysis.fusion import fusion_candidates, mark_host_bound, saving_by_kernel
+from gpudiag.analysis.representative import apply_bare_run
 from gpudiag.analysis.timeline import (gpu_activities, idle_intervals, launch_stats, step_table,
                                        stream_gaps)
 from gpudiag.sources.ncu import read_ncu
@@ -371,7 +372,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         warnings.append(f"the script failed (exit code {status.get('exit_code')}): {status.get('exception') or 'see gpudiag.log'}; "
                         "this report covers what was captured until then")
 
-    return {
+    return apply_bare_run({
         "schema_version": REPORT_SCHEMA_VERSION,
         "gpudiag_version": __version__,
         "source": meta.get("source"),
@@ -419,7 +420,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         },
         "instrumentation": instrumentation,
         "warnings": warnings,
-    }
+    })
 
 
 def _recommendations(km, detail, idle, runtime_api, memcpy, steps, measured_ids, n, step_ns,

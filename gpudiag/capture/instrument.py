@@ -20,11 +20,13 @@ import json
 import re
 import sys
 import threading
+import time
 import warnings
 import weakref
 from dataclasses import dataclass, field
 
 from gpudiag import nvtx_names
+from gpudiag.capture import dynamo_stats
 
 
 @dataclass
@@ -35,6 +37,8 @@ class CaptureConfig:
         ``optimizer.step()``), ``"optimizer"``, ``"call"`` or ``"nvtx:REGEX"``.
     detail_step: index of the step recorded with per-op ranges; None means ``warmup_steps``.
     module_ranges / op_ranges: switch the module and op ranges off (to measure their overhead).
+    bare: the representativeness run: no NVTX, no module or backward hooks, only the step
+        boundaries and their wall-clock times (``time.perf_counter_ns``; no synchronization added).
     """
 
     steps_from: str = "auto"
@@ -42,6 +46,7 @@ class CaptureConfig:
     detail_step: int | None = None
     module_ranges: bool = True
     op_ranges: bool = True
+    bare: bool = False
 
     @property
     def effective_detail_step(self) -> int:
@@ -108,6 +113,8 @@ class _State:
     module_names: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary)
     steps_completed: int = 0
     peak_memory_bytes: dict = field(default_factory=dict)  # step -> torch.cuda.max_memory_allocated()
+    step_start_ns: dict = field(default_factory=dict)  # step -> host perf_counter_ns at its start (nvtx mode)
+    step_end_ns: dict = field(default_factory=dict)  # step -> host perf_counter_ns at its end
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -222,6 +229,7 @@ def _record_peak_memory(state: _State) -> None:
 
 
 def _close_step(state: _State) -> None:
+    state.step_end_ns[state.step_index] = time.perf_counter_ns()
     _stop_op_ranges(state)
     _record_peak_memory(state)
     if state.step_range is not None:
@@ -375,6 +383,7 @@ def _wrap_user_nvtx(state: _State, torch) -> None:
         depth[0] += 1
         if state.step_regex.search(str(msg)):
             state.step_index += 1
+            state.step_start_ns[state.step_index] = time.perf_counter_ns()
             depth_of_step.append(depth[0])
             _start_op_ranges_if_detail(state)
         return result
@@ -382,6 +391,7 @@ def _wrap_user_nvtx(state: _State, torch) -> None:
     def range_pop():
         if depth_of_step and depth_of_step[-1] == depth[0]:
             depth_of_step.pop()
+            state.step_end_ns[state.step_index] = time.perf_counter_ns()
             _stop_op_ranges(state)
             state.steps_completed += 1
         depth[0] -= 1
@@ -419,6 +429,9 @@ def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State
     from torch.nn.modules import module as nn_module
     from torch.optim import optimizer as optim_module
 
+    if config.bare:
+        config.module_ranges = config.op_ranges = False
+        nvtx = NullNvtx()
     state = _State(config=config, nvtx=nvtx or default_nvtx())
     state.step_mode = detect_step_mode(config, script_source)
     if state.step_mode == "nvtx":
@@ -429,42 +442,25 @@ def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State
     # gpudiag expects that (the wrapper is named as the model, the inner calls are traced no-ops),
     # and the warning would otherwise appear in the user's output as if their script caused it.
     warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
-    nn_module.register_module_forward_pre_hook(_forward_pre_hook)
-    nn_module.register_module_forward_hook(_forward_hook, always_call=True)
+    if not config.bare:  # the bare run keeps only what step boundaries need: no per-module cost
+        nn_module.register_module_forward_pre_hook(_forward_pre_hook)
+        nn_module.register_module_forward_hook(_forward_hook, always_call=True)
+        _wrap_backward(torch)
     optim_module.register_optimizer_step_pre_hook(_optimizer_pre_hook)
     optim_module.register_optimizer_step_post_hook(_optimizer_post_hook)
-    _wrap_backward(torch)
     return state
 
 
-def _break_reason(text) -> str:
-    """Dynamo's graph-break text shortened to its title and explanation lines (≤ 300 chars)."""
-    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
-    keep = lines[:1] + [line.removeprefix("Explanation: ") for line in lines[1:] if line.startswith("Explanation:")]
-    return ": ".join(keep)[:300]
+def step_wall_times(state: _State) -> dict[str, int]:
+    """Host wall-clock time of each completed step in ns, by step index (as a string, for JSON).
 
-
-def compile_summary() -> dict | None:
-    """What Dynamo did in this process, from ``torch._dynamo.utils.counters`` (None when
-    torch.compile was never used): frames compiled, graphs captured, graph breaks (with their
-    reasons' first lines and counts) and recompilations. Read at the end of the script."""
-    if "torch._dynamo" not in sys.modules:
-        return None
-    from torch._dynamo.utils import counters
-
-    stats, frames = counters.get("stats", {}), counters.get("frames", {})
-    if not stats and not frames:
-        return None
-    breaks = counters.get("graph_break", {})
-    return {
-        "frames_compiled": int(frames.get("ok", 0)),
-        "unique_graphs": int(stats.get("unique_graphs", 0)),
-        "calls_captured": int(stats.get("calls_captured", 0)),
-        "graph_breaks": int(sum(breaks.values())),
-        "graph_break_reasons": [{"reason": _break_reason(r), "count": int(n)}
-                                for r, n in sorted(breaks.items(), key=lambda kv: -kv[1])[:10]],
-        "recompiles": int(sum(counters.get("recompiles", {}).values())),
-    }
+    Steps from boundaries (optimizer.step(), gpudiag.step()): step k lasts from boundary k-1 to
+    boundary k, so step 0 (opened at a first forward the bare run does not hook) has none. Steps
+    from the user's NVTX ranges: each range's own push-to-pop time."""
+    ends = state.step_end_ns
+    if state.step_mode == "nvtx":
+        return {str(k): ends[k] - state.step_start_ns[k] for k in sorted(ends) if k in state.step_start_ns}
+    return {str(k): ends[k] - ends[k - 1] for k in sorted(ends) if k - 1 in ends}
 
 
 def finish() -> dict:
@@ -488,5 +484,6 @@ def finish() -> dict:
         "detail_step": state.config.effective_detail_step if state.config.op_ranges else None,
         "warmup_steps": state.config.warmup_steps,
         "peak_memory_bytes_per_step": {str(k): v for k, v in state.peak_memory_bytes.items()},
-        "compile": compile_summary(),
+        "compile": dynamo_stats.compile_summary(),
+        "step_wall_ns": step_wall_times(state),
     }

@@ -84,14 +84,16 @@ def export_command(nsys: Path, report: Path, sqlite_path: Path) -> list[str]:
             "--output", str(sqlite_path), str(report)]
 
 
-def run_logged(cmd: list[str], log: Path, env: dict | None = None) -> int:
-    """Run ``cmd`` with stdout and stderr appended to ``log`` and echoed; returns the exit code."""
+def run_logged(cmd: list[str], log: Path, env: dict | None = None, echo: bool = True) -> int:
+    """Run ``cmd`` with stdout and stderr appended to ``log`` and (unless ``echo`` is False) echoed;
+    returns the exit code."""
     with open(log, "a", encoding="utf-8") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                 text=True, errors="replace")
         for line in proc.stdout:
-            sys.stdout.write(line)
+            if echo:
+                sys.stdout.write(line)
             f.write(line)
         return proc.wait()

@@ -10,8 +10,10 @@ report to SQLite. Produces, inside the run directory:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,7 @@ REPORT_BASE = "profile"
 SQLITE_NAME = "profile.sqlite"
 NCU_NAME = "profile.ncu-rep"
 STATUS_NAME = "script_status.json"
+BARE_STATUS_NAME = "bare_status.json"
 LOG_NAME = "gpudiag.log"
 
 
@@ -106,3 +109,20 @@ def capture(script: Path, script_args: list[str], run_dir: Path, config: Capture
     if code != 0 or not sqlite_path.exists():
         raise CaptureError(f"nsys export failed (exit {code}); see {log}; the report {report} is kept")
     return CaptureResult(run_dir=run_dir, report=report, sqlite=sqlite_path, status=status)
+
+
+def capture_bare(script: Path, script_args: list[str], run_dir: Path, config: CaptureConfig, echo=print) -> dict:
+    """The representativeness run: the script once more, without nsys and without NVTX or module
+    hooks, recording only each step's host wall-clock time (see ``CaptureConfig.bare``). Its
+    output goes to the log only. Returns its status (``step_wall_ns`` by step), or {} when it
+    wrote none; a failing bare run is reported, never raised."""
+    log = run_dir / LOG_NAME
+    bare = dataclasses.replace(config, bare=True)
+    echo("[bare] timing the same steps without the profiler (output in gpudiag.log; --no-bare-run skips this)")
+    cmd = [sys.executable, "-m", "gpudiag.capture.launch", *_launcher_args(script, script_args, run_dir, bare, BARE_STATUS_NAME)]
+    code = nsys.run_logged(cmd, log, _launcher_env(), echo=False)
+    path = run_dir / BARE_STATUS_NAME
+    status = json.loads(path.read_text()) if path.exists() else {}
+    if code != 0:
+        echo(f"[bare] the run without the profiler exited with code {code} (see {log}); its step times are kept if any")
+    return status

@@ -11,7 +11,7 @@ import click
 
 from gpudiag.capture import calibrate, nsys
 from gpudiag.capture.instrument import CaptureConfig, detect_step_mode
-from gpudiag.capture.run import CaptureError, capture, capture_ncu
+from gpudiag.capture.run import STATUS_NAME, CaptureError, capture, capture_bare, capture_ncu
 from gpudiag.cli.errors import UserError
 from gpudiag.cli.options import AnalysisOptions, analysis_options
 
@@ -109,6 +109,14 @@ def _verify(run_dir: Path, echo) -> None:
         echo("--verify: no fusion candidate with a reference kernel in this run")
 
 
+def _bare_run(script: Path, script_args: list[str], run_dir: Path, config: CaptureConfig, status: dict) -> None:
+    """Time the steps once more without the profiler; the result joins the script's status (in
+    memory and in script_status.json) as ``bare_run``, where the analysis finds it."""
+    bare = capture_bare(script, script_args, run_dir, config, echo=click.echo)
+    status["bare_run"] = {k: bare.get(k) for k in ("exit_code", "exception", "steps_completed", "step_wall_ns")}
+    (run_dir / STATUS_NAME).write_text(json.dumps(status, indent=1))
+
+
 def default_run_dir(script: Path) -> Path:
     """``gpudiag-runs/<script stem>-<YYYYmmdd-HHMMSS>``, relative to the current directory."""
     return Path("gpudiag-runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -141,12 +149,15 @@ def prepare_run_dir(run_dir: Path, force: bool) -> None:
               help="How many kernel names (by total time) --ncu replays.")
 @click.option("--ncu-max-kernels", type=click.IntRange(min=1), default=400, show_default=True,
               help="At most this many kernel launches profiled by --ncu.")
+@click.option("--no-bare-run", is_flag=True, help="Skip the second run without the profiler that measures how much "
+              "the profiler slows each step (the report then cannot correct its overhead-bound numbers).")
 @click.option("--verify", is_flag=True, help="Time the reference kernel of each top fusion candidate at the recorded "
               "shapes on this GPU (eager vs fused vs torch.compile, outputs checked) and show it in the report.")
 @analysis_options
 def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, force: bool, nsys_path: str | None,
             detail_step: int | None, no_module_ranges: bool, no_op_ranges: bool, no_analysis: bool,
-            use_ncu: bool, ncu_top: int, ncu_max_kernels: int, verify: bool, options: AnalysisOptions) -> None:
+            use_ncu: bool, ncu_top: int, ncu_max_kernels: int, no_bare_run: bool, verify: bool,
+            options: AnalysisOptions) -> None:
     """Profile SCRIPT on this GPU and write a run directory with report.html and report.json.
 
     Arguments after ``--`` go to the script; its exit code becomes gpudiag's. If the script
@@ -183,6 +194,8 @@ def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, fo
     code = result.script_exit_code
     if code != 0:
         click.secho(f"the script exited with code {code}; reporting what was captured up to then", fg="yellow")
+    elif not no_bare_run:
+        _bare_run(script, list(script_args), run_dir, config, result.status)
     if no_analysis:
         click.echo(f"capture kept in {run_dir}; analyse it with: gpudiag report {run_dir}")
         raise SystemExit(code)

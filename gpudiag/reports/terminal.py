@@ -30,6 +30,7 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
                     fmt_pct(bp.get("compute")), fmt_pct(bp.get("bandwidth")), fmt_pct(bp.get("overhead")),
                     fmt_pct(bp.get("idle")))
     console.print(summary)
+    render_bare(result, console)
     kernels = Table(title=f"top {top} kernels (per measured step)", show_header=True, header_style="bold")
     kernels.add_column("kernel", overflow="ellipsis", max_width=60)
     for col in ("time/step", "share", "class", "evidence"):
@@ -49,6 +50,16 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
             table.add_row(Text(rec["rule_id"]), Text(rec["title"]), fmt_ns(rec["saving_ns_per_step"]))
         console.print(table)
     render_fusion(result, console)
+
+
+def render_bare(result: dict, console: Console) -> None:
+    """One line: the step time under the profiler and without it (the bare run), when measured."""
+    rep = result.get("representativeness")
+    if rep and "bare_step_time_ns" in rep:
+        console.print(Text(f"step time under the profiler {fmt_ns(rep['profiled_step_time_ns'])}, without it "
+                           f"{fmt_ns(rep['bare_step_time_ns'])} ({rep['inflation_percent']:+.0f} %)"), highlight=False)
+    elif rep:
+        console.print(Text("no bare-run comparison: " + rep["unavailable"]), highlight=False)
 
 
 def chain_text(candidate: dict) -> str:
