@@ -19,5 +19,6 @@ MODULE = PREFIX + "module "
 OP = PREFIX + "op "
 OUT = PREFIX + "out "
 TAIL = PREFIX + "tail"
+GRAPH = PREFIX + "graph "  # push/pop around each run of an Inductor-compiled graph: ``gpudiag:graph 3``
 
 PHASES = ("forward", "backward", "optimizer")
