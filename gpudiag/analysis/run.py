@@ -22,6 +22,8 @@ from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.classify import classify
 from gpudiag.analysis.families import kernel_label
 from gpudiag.analysis.fusion import fusion_candidates, mark_host_bound, saving_by_kernel
+from gpudiag.analysis.compiled import attribute_compiled
+from gpudiag.analysis.launches import launch_counts
 from gpudiag.analysis.representative import apply_bare_run
 from gpudiag.analysis.timeline import (gpu_activities, idle_intervals, launch_stats, step_table,
                                        stream_gaps)
@@ -229,6 +231,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         warnings.append("no step ranges found: the whole capture is treated as one step")
     payloads = op_call_payloads(nvtx)  # once: attribution and the fusion data flow both read them
     attribution = attribute(kernels, runtime_api, nvtx, steps, payloads)
+    attribution, compiled = attribute_compiled(kernels, attribution, nvtx, (status or {}).get("inductor_provenance"))
+    warnings.extend(compiled["warnings"] if compiled["graphs"] else [])
     device_peaks = peaks_mod.lookup(str(dev.get("name", "")), int(dev.get("sm_count", 0) or 0),
                                     dev.get("memory_bandwidth_bytes_per_s"))
     if calibration and calibration.get("gpu") == device_peaks.name:
@@ -376,7 +380,9 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "schema_version": REPORT_SCHEMA_VERSION,
         "gpudiag_version": __version__,
         "source": meta.get("source"),
-        "script": status or None,
+        # the provenance can run to hundreds of KB: it stays in script_status.json
+        "script": {k: v for k, v in status.items() if k != "inductor_provenance"} if status else None,
+        "compiled": {**compiled, "dynamo": (status or {}).get("compile")} if compiled["graphs"] or (status or {}).get("compile") else None,
         "environment": {**meta.get("environment", {}),
                         **{k: (status or {}).get(k) for k in ("torch_version", "torch_cuda_version") if (status or {}).get(k)}},
         "device": {"name": device_peaks.name, "sm_count": device_peaks.sm_count,
@@ -419,6 +425,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
                                     for name, r in top_waits.iterrows()],
         },
         "instrumentation": instrumentation,
+        "launches_per_step": launch_counts(km, runtime_api, steps.table, measured_ids),
         "warnings": warnings,
     })
 

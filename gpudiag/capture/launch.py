@@ -36,14 +36,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
 
-    from gpudiag.capture import instrument
+    from gpudiag.capture import inductor_provenance, instrument
 
     config = instrument.CaptureConfig.from_json(ns.config)
     with open(ns.script, encoding="utf-8", errors="replace") as f:
         source = f.read()
     status = {"script": os.path.basename(ns.script), "args": ns.args, "exit_code": None,
               "exception": None, "traceback": None, "started_unix_s": time.time()}
-    instrument.install(config, source)
+    state = instrument.install(config, source)
+    if config.module_ranges:  # compiled kernels back to modules: only where module ranges are wanted
+        inductor_provenance.install(state.nvtx)
 
     sys.argv = [ns.script, *ns.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
@@ -68,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # noqa: BLE001 - a broken CUDA context must not hide the status
             pass
         status.update(instrument.finish())
+        if config.module_ranges:
+            status["inductor_provenance"] = inductor_provenance.collect()
         status["exit_code"] = code
         status["ended_unix_s"] = time.time()
         with open(ns.status, "w", encoding="utf-8") as f:

@@ -31,6 +31,7 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
                     fmt_pct(bp.get("idle")))
     console.print(summary)
     render_bare(result, console)
+    render_compiled(result, console)
     kernels = Table(title=f"top {top} kernels (per measured step)", show_header=True, header_style="bold")
     kernels.add_column("kernel", overflow="ellipsis", max_width=60)
     for col in ("time/step", "share", "class", "evidence"):
@@ -60,6 +61,33 @@ def render_bare(result: dict, console: Console) -> None:
                            f"{fmt_ns(rep['bare_step_time_ns'])} ({rep['inflation_percent']:+.0f} %)"), highlight=False)
     elif rep:
         console.print(Text("no bare-run comparison: " + rep["unavailable"]), highlight=False)
+
+
+def compiled_text(result: dict) -> str | None:
+    """One line on torch.compile and CUDA graphs: graphs run, Dynamo's graphs / breaks /
+    recompilations, the compiled share of kernel time and how much of it maps to a module, and
+    graph vs kernel launches per step. None when the run used neither."""
+    parts = []
+    compiled, launches = result.get("compiled"), result.get("launches_per_step") or {}
+    if compiled:
+        dynamo = compiled.get("dynamo") or {}
+        if dynamo:
+            parts.append(f"torch.compile: {dynamo['unique_graphs']} graphs, {dynamo['graph_breaks']} graph breaks, "
+                         f"{dynamo['recompiles']} recompilations")
+        if compiled.get("graphs"):
+            parts.append(f"compiled kernels {fmt_pct(compiled['compiled_percent_of_kernel_time'])} of kernel time, "
+                         f"{fmt_pct(compiled['module_percent'])} of it attributed to a module")
+    if launches.get("graph_launches"):
+        parts.append(f"{launches['graph_launches']:.0f} CUDA graph launches and {launches['kernel_launch_calls']:.0f} "
+                     f"kernel launches per step ({launches['kernels_from_graphs']:.0f} of "
+                     f"{launches['kernels']:.0f} kernels replayed from graphs)")
+    return "; ".join(parts) or None
+
+
+def render_compiled(result: dict, console: Console) -> None:
+    text = compiled_text(result)
+    if text:
+        console.print(Text(text), highlight=False)
 
 
 def chain_text(candidate: dict) -> str:

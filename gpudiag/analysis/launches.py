@@ -1,0 +1,45 @@
+"""Launches per step: kernel launch calls vs CUDA graph launches, and kernels run from graphs.
+
+With CUDA graphs (``torch.compile(mode="reduce-overhead")``, a user's ``torch.cuda.graph``) one
+``cudaGraphLaunch`` replays many kernels; nsys ``--cuda-graph-trace=node`` (what ``gpudiag profile``
+uses) records each replayed kernel with its ``graphNodeId`` and the graph launch's correlation id,
+so the kernels are attributed to the step (and to the NVTX ranges around the graph launch) like
+any other. This stage counts what the host launched, per measured step.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from gpudiag.analysis.attribution import window_index
+
+# CUDA runtime/driver entry points (names as nsys records them, with or without a _v suffix).
+KERNEL_LAUNCH = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cudaLaunchCooperativeKernel|cuLaunchKernel|cuLaunchKernelEx|cuLaunchCooperativeKernel)(_v\d+)?$")
+GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)(_v\d+)?$")
+
+
+def launch_counts(km: pd.DataFrame, runtime_api: pd.DataFrame, steps_table: pd.DataFrame,
+                  measured_ids: set[int]) -> dict | None:
+    """Per measured step (means): ``kernel_launch_calls`` (launch API calls), ``graph_launches``
+    (cudaGraphLaunch calls), ``kernels`` (kernels that ran) and ``kernels_from_graphs`` (those
+    with a graph node id). ``km``: the measured steps' kernels (``graph_node_id`` column optional);
+    ``runtime_api``: API calls (name, start_ns); ``steps_table``: step, start_ns, end_ns (host
+    windows). None when there is no measured step."""
+    n = len(measured_ids)
+    if not n:
+        return None
+    node = km["graph_node_id"] if "graph_node_id" in km else pd.Series(np.nan, index=km.index)
+    from_graphs = int((pd.to_numeric(node, errors="coerce").fillna(0) > 0).sum())
+    calls = {"kernel_launch_calls": 0, "graph_launches": 0}
+    if not runtime_api.empty:
+        idx = window_index(steps_table["start_ns"].to_numpy(), steps_table["end_ns"].to_numpy(),
+                           runtime_api["start_ns"].to_numpy(dtype=float))
+        step = np.where(idx >= 0, steps_table["step"].to_numpy()[np.maximum(idx, 0)], -1)
+        names = runtime_api["name"].fillna("")[np.isin(step, list(measured_ids))]
+        calls = {"kernel_launch_calls": int(names.str.match(KERNEL_LAUNCH).sum()),
+                 "graph_launches": int(names.str.match(GRAPH_LAUNCH).sum())}
+    return {"kernel_launch_calls": calls["kernel_launch_calls"] / n, "graph_launches": calls["graph_launches"] / n,
+            "kernels": len(km) / n, "kernels_from_graphs": from_graphs / n}
