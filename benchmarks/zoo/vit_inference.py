@@ -74,6 +74,9 @@ def main() -> None:
     else:
         size = 224
         model = torchvision.models.vit_b_16(weights=None)
+    # torchvision zero-initialises the classification head: random weights there, or every logit
+    # (and so the checksum that compares plain and profiled runs) would be 0
+    torch.nn.init.normal_(model.heads.head.weight, std=0.02)
     model = model.to(device, dtype=torch.bfloat16).eval()
     data_gen = torch.Generator().manual_seed(1)  # CPU generator: the same images on every device
     images = torch.randn(batch, 3, size, size, generator=data_gen).to(device, dtype=torch.bfloat16)
