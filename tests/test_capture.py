@@ -172,6 +172,9 @@ def optimizer_capture(tmp_path_factory):
 def test_summary_reports_optimizer_mode_and_completed_steps(optimizer_capture):
     """finish() summarises the capture: mode detected from the script, 4 steps ended by optimizer.step()."""
     _, summary = optimizer_capture
+    summary = dict(summary)
+    # host wall time of steps 1-3 (step k from boundary k-1 to k); no CUDA here, so no GPU times
+    assert set(summary.pop("step_wall_ns")) == {"1", "2", "3"} and summary.pop("step_gpu_ns") == {}
     assert summary == {"step_mode": "optimizer", "steps_completed": 4, "detail_step": 1, "warmup_steps": 1,
                        "peak_memory_bytes_per_step": {},  # no CUDA on this machine: nothing to record
                        "compile": None}  # torch.compile never used

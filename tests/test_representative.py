@@ -108,3 +108,15 @@ def test_both_step_times_are_shown_side_by_side(swin, tmp_path):
     html.write(report, page)
     text = page.read_text()
     assert "step time without the profiler" in text and fmt_ns(r["bare_step_time_ns"]) in text
+
+
+def test_cuda_event_times_win_over_wall_clock_when_both_runs_have_them(swin):
+    """A host that runs ahead of the GPU makes wall-clock steps short; CUDA-event step times (both
+    runs) are used instead, and the method says so."""
+    ids = [str(s["step"]) for s in swin["steps"]["per_step"]]
+    swin["script"]["step_gpu_ns"] = {k: 30e6 for k in ids}
+    swin["script"]["bare_run"] = {"exit_code": 0, "step_wall_ns": {k: 1e5 for k in ids},
+                                  "step_gpu_ns": {k: 25e6 for k in ids}}
+    r = apply_bare_run(swin)["representativeness"]
+    assert r["bare_step_time_ns"] == 25e6 and r["profiled_step_time_ns"] == 30e6
+    assert r["method"].startswith("CUDA events")

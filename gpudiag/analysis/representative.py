@@ -6,11 +6,12 @@ Tracing every CUDA API call costs host time (measured on the H200: a compiled HF
 a host-bound step that host time becomes GPU idle with an empty launch queue, which is exactly what
 the overhead-bound verdict measures. ``gpudiag profile`` therefore runs the script a second time
 without nsys, NVTX or module hooks (:func:`gpudiag.capture.run.capture_bare`) and records each
-step's host wall-clock time in both runs (``step_wall_ns`` in the statuses).
+step's GPU time (CUDA events recorded at the step boundaries, never waited on: ``step_gpu_ns``)
+and host wall-clock time (``step_wall_ns``) in both runs.
 
-Method (docs/representativeness.md): inflation = median profiled host step time - median bare
-host step time, over the measured steps both runs completed (same step indices, same clock, same
-step boundaries). Host-bound idle can shrink by at most the host time tracing added, so the
+Method (docs/representativeness.md): inflation = median profiled step time - median bare step
+time, over the measured steps both runs completed (same step indices, same boundaries, CUDA
+events where both runs have them, else host wall-clock time). Host-bound idle can shrink by at most the host time tracing added, so the
 corrected host-bound idle is max(0, host-bound idle - inflation), and GD-OVERHEAD-BOUND is
 re-judged on it against the bare step time; when it no longer passes its threshold it moves to
 ``suppressed`` with the reason. Other numbers are GPU times (kernel durations change ~1 % under
@@ -32,9 +33,20 @@ def _measured_ids(report: dict) -> list[int]:
     return [int(s["step"]) for s in report["steps"]["per_step"] if s.get("measured")]
 
 
-def _walls(status: dict | None, ids: list[int]) -> dict[int, float]:
-    walls = (status or {}).get("step_wall_ns") or {}
-    return {i: float(walls[str(i)]) for i in ids if str(i) in walls and walls[str(i)] > 0}
+def _times(status: dict | None, ids: list[int], key: str) -> dict[int, float]:
+    times = (status or {}).get(key) or {}
+    return {i: float(times[str(i)]) for i in ids if str(i) in times and times[str(i)] > 0}
+
+
+def _paired(status: dict, bare_status: dict, ids: list[int]) -> tuple[dict, dict, str]:
+    """Per-step times of both runs by the best method both have: CUDA events at the step
+    boundaries (GPU time, right even when the host runs ahead), else host wall-clock time."""
+    for key, method in (("step_gpu_ns", "CUDA events recorded (never waited on) at the same step boundaries"),
+                        ("step_wall_ns", "host wall-clock time between the same step boundaries")):
+        profiled, bare = _times(status, ids, key), _times(bare_status, ids, key)
+        if set(profiled) & set(bare):
+            return profiled, bare, method
+    return {}, {}, ""
 
 
 def compare_bare(report: dict) -> dict | None:
@@ -48,7 +60,7 @@ def compare_bare(report: dict) -> dict | None:
     if bare_status is None:
         return None
     ids = _measured_ids(report)
-    profiled, bare = _walls(status, ids), _walls(bare_status, ids)
+    profiled, bare, method = _paired(status, bare_status, ids)
     common = sorted(set(profiled) & set(bare))
     if not common:
         return {"unavailable": "the run without the profiler completed none of the measured steps "
@@ -62,8 +74,7 @@ def compare_bare(report: dict) -> dict | None:
         "inflation_percent": 100.0 * (prof_med - bare_med) / bare_med,
         "steps_compared": common,
         "bare_samples_ns": [bare[i] for i in common],
-        "method": "host wall-clock time between the same step boundaries, median over the measured steps "
-                  "both runs completed (docs/representativeness.md)",
+        "method": f"{method}, median over the measured steps both runs completed (docs/representativeness.md)",
     }
 
 

@@ -112,7 +112,8 @@ def _verify(run_dir: Path, echo) -> None:
 def _keep_bare_run(bare: dict, run_dir: Path, status: dict) -> None:
     """The bare run's step times join the script's status (in memory and in script_status.json) as
     ``bare_run``, where the analysis finds them."""
-    status["bare_run"] = {k: bare.get(k) for k in ("exit_code", "exception", "steps_completed", "step_wall_ns")}
+    status["bare_run"] = {k: bare.get(k) for k in ("exit_code", "exception", "steps_completed", "step_wall_ns",
+                                                    "step_gpu_ns")}
     (run_dir / STATUS_NAME).write_text(json.dumps(status, indent=1))
 
 
