@@ -12,43 +12,11 @@ on cuda, wall time on cpu; the first 3 steps are left out).
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-
-class StepTimer:
-    """Per-step times: CUDA events on cuda (no synchronisation inside the loop), wall time on cpu."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.spans = []
-
-    def start(self) -> None:
-        if self.cuda:
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._start.record()
-        else:
-            self._start = time.perf_counter()
-
-    def stop(self) -> None:
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self.spans.append((self._start, end))
-        else:
-            self.spans.append(time.perf_counter() - self._start)
-
-    def median_ms(self, skip: int = 3) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-            times = [start.elapsed_time(end) for start, end in self.spans]
-        else:
-            times = [seconds * 1e3 for seconds in self.spans]
-        times = times[skip:]
-        return statistics.median(times) if times else float("nan")
+from zoo_common import StepTimer  # benchmarks/zoo/zoo_common.py: next to this script, on sys.path
 
 
 def main() -> None:
