@@ -10,6 +10,7 @@ profile of a crashed script is still exported and reported.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import runpy
@@ -27,11 +28,40 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+def module_file(name: str) -> str:
+    """The file ``python -m name`` would run (a package's ``__main__``), looked up with the current
+    directory first on the path, as ``python -m`` does. Raises ImportError when there is none
+    (ValueError for an invalid name)."""
+    sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:  # a package: its __main__
+            spec = importlib.util.find_spec(name + ".__main__")
+    finally:
+        sys.path.pop(0)
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        raise ImportError(f"no module named {name!r}")
+    return spec.origin
+
+
+def _run(script: str, args: list[str], module: bool, path: str) -> None:
+    """Run the user's code as ``__main__`` with the user's ``sys.argv``, as ``python script`` or
+    ``python -m module`` would (``sys.path[0]``: the script's folder, or the current directory)."""
+    sys.argv = [path, *args]
+    if module:
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(script, run_name="__main__", alter_sys=True)
+    else:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+        runpy.run_path(script, run_name="__main__")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the script; returns its exit code (also written to the status file)."""
     parser = argparse.ArgumentParser(prog="gpudiag.capture.launch")
     parser.add_argument("--config", required=True, help="CaptureConfig as JSON")
     parser.add_argument("--status", required=True, help="where to write the status JSON")
+    parser.add_argument("--module", action="store_true", help="SCRIPT is a module name, run like python -m")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
@@ -39,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpudiag.capture import inductor_provenance, instrument
 
     config = instrument.CaptureConfig.from_json(ns.config)
-    with open(ns.script, encoding="utf-8", errors="replace") as f:
+    path = module_file(ns.script) if ns.module else ns.script
+    with open(path, encoding="utf-8", errors="replace") as f:
         source = f.read()
     status = {"script": os.path.basename(ns.script), "args": ns.args, "exit_code": None,
               "exception": None, "traceback": None, "started_unix_s": time.time()}
@@ -47,11 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     if config.module_ranges:  # compiled kernels back to modules: only where module ranges are wanted
         inductor_provenance.install(state.nvtx)
 
-    sys.argv = [ns.script, *ns.args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
     code = 0
     try:
-        runpy.run_path(ns.script, run_name="__main__")
+        _run(ns.script, ns.args, ns.module, path)
     except SystemExit as exc:
         code = _exit_code(exc)
     except BaseException as exc:  # noqa: BLE001 - the user's crash is data, reported later

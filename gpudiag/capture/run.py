@@ -46,8 +46,12 @@ class CaptureResult:
         return 1 if code is None else int(code)
 
 
-def _launcher_args(script: Path, script_args: list[str], run_dir: Path, config: CaptureConfig, status_name: str) -> list[str]:
-    return ["--config", config.to_json(), "--status", str((run_dir / status_name).resolve()), str(script), *script_args]
+def _launcher_args(script: Path | str, script_args: list[str], run_dir: Path, config: CaptureConfig,
+                   status_name: str) -> list[str]:
+    """The launcher's arguments. ``script``: a script's path, or a module name (``str``) run as
+    ``python -m`` runs it."""
+    target = ["--module", script] if isinstance(script, str) else [str(script)]
+    return ["--config", config.to_json(), "--status", str((run_dir / status_name).resolve()), *target, *script_args]
 
 
 def _launcher_env() -> dict:

@@ -117,6 +117,25 @@ def _keep_bare_run(bare: dict, run_dir: Path, status: dict) -> None:
     (run_dir / STATUS_NAME).write_text(json.dumps(status, indent=1))
 
 
+def _target(script: Path | None, module: str | None) -> Path | str:
+    """What to run: the script's path, or the module's name (a ``str``). Raises UserError when
+    neither is given, the script is missing, or no module of that name can be found."""
+    if script is None and module is None:
+        raise UserError("give SCRIPT (a Python file) or -m MODULE, e.g. 'gpudiag profile train.py' "
+                        "or 'gpudiag profile -m mypackage.train'")
+    if module is not None:
+        from gpudiag.capture.launch import module_file
+
+        try:
+            module_file(module)
+        except (ImportError, ValueError) as exc:
+            raise UserError(f"-m {module}: {exc}; run gpudiag from the folder you would run python -m from") from None
+        return module
+    if not script.is_file():
+        raise UserError(f"{script}: no such script; pass the path of the Python file to profile")
+    return script
+
+
 def default_run_dir(script: Path) -> Path:
     """``gpudiag-runs/<script stem>-<YYYYmmdd-HHMMSS>``, relative to the current directory."""
     return Path("gpudiag-runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -134,8 +153,10 @@ def prepare_run_dir(run_dir: Path, force: bool) -> None:
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
-@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("script", type=click.Path(path_type=Path), required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-m", "--module", "module", metavar="MODULE", help="Profile a module as `python -m MODULE` runs it "
+              "(then no SCRIPT; arguments after -- go to the module).")
 @click.option("-o", "--output", "run_dir", type=click.Path(path_type=Path), help="Run directory [default: gpudiag-runs/<script>-<timestamp>].")
 @click.option("--force", is_flag=True, help="Replace an existing run directory.")
 @click.option("--nsys", "nsys_path", help="Path of the nsys executable (else $GPUDIAG_NSYS, PATH, known install folders).")
@@ -154,7 +175,8 @@ def prepare_run_dir(run_dir: Path, force: bool) -> None:
 @click.option("--verify", is_flag=True, help="Time the reference kernel of each top fusion candidate at the recorded "
               "shapes on this GPU (eager vs fused vs torch.compile, outputs checked) and show it in the report.")
 @analysis_options
-def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, force: bool, nsys_path: str | None,
+def profile(script: Path | None, script_args: tuple[str, ...], module: str | None, run_dir: Path | None, force: bool,
+            nsys_path: str | None,
             detail_step: int | None, no_module_ranges: bool, no_op_ranges: bool, no_analysis: bool,
             use_ncu: bool, ncu_top: int, ncu_max_kernels: int, no_bare_run: bool, verify: bool,
             options: AnalysisOptions) -> None:
@@ -168,9 +190,11 @@ def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, fo
         gpudiag profile train.py -- --epochs 1
         gpudiag profile train.py -o runs/baseline --force -- --batch 64
         gpudiag profile train.py --ncu --ncu-top 20 -- --epochs 1
+        gpudiag profile -m mypackage.train -- --epochs 1
     """
-    if not script.is_file():
-        raise UserError(f"{script}: no such script; pass the path of the Python file to profile")
+    if module is not None and script is not None:  # with -m, click hands the module's first argument to SCRIPT
+        script_args, script = (str(script), *script_args), None
+    script = _target(script, module)
     if use_ncu and no_analysis:
         raise UserError("--ncu needs the analysis (it replays the top kernels the analysis finds): drop --no-analysis")
     warmup = 2 if options.warmup_steps is None else options.warmup_steps
@@ -185,7 +209,7 @@ def profile(script: Path, script_args: tuple[str, ...], run_dir: Path | None, fo
         nsys_exe = nsys.locate_nsys(nsys_path)
     except nsys.ToolNotFound as exc:
         raise UserError(str(exc)) from None
-    run_dir = run_dir or default_run_dir(script)
+    run_dir = run_dir or default_run_dir(Path(script.rsplit(".", 1)[-1]) if isinstance(script, str) else script)
     prepare_run_dir(run_dir, force)
     # The bare run goes first: measured on the H100, runs started right after an nsys capture were
     # 14-56 % slower than the same script run plainly before it (docs/notes/measurements.md).

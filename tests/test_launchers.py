@@ -1,0 +1,97 @@
+"""Scripts as users start them: ``python -m package.module`` (with relative imports), DataLoader
+worker processes, argparse and ``sys.exit``: same results under gpudiag's launcher as without it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from gpudiag.capture.instrument import CaptureConfig
+
+from test_capture import TRAIN_LOOP, _child_env, _write, fake_nsys, profile_cli  # noqa: F401 - fake_nsys is a fixture
+
+PACKAGE_MAIN = TRAIN_LOOP + """
+import argparse, sys
+from . import helper  # a relative import works only when run as a module
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=2)
+args = parser.parse_args()
+for _ in range(args.steps):
+    train_step()
+print("steps done", helper.NAME, sys.argv[0].endswith("train.py"))
+sys.exit(7)
+"""
+
+
+def _package(tmp_path: Path) -> Path:
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    _write(pkg / "__init__.py", "")
+    _write(pkg / "helper.py", "NAME = 'helper'\n")
+    _write(pkg / "train.py", PACKAGE_MAIN)
+    return pkg
+
+
+def test_profile_a_module_as_python_m_runs_it(tmp_path, fake_nsys, monkeypatch):
+    """`gpudiag profile -m mypkg.train -- --steps 3`: relative imports resolve, argparse gets the
+    arguments, sys.argv[0] is the module's file, and the module's sys.exit code is gpudiag's."""
+    _package(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = profile_cli("-m", "mypkg.train", "-o", str(tmp_path / "run"), "--nsys", str(fake_nsys), "--", "--steps", "3")
+    assert result.exit_code == 7, result.output
+    assert "steps done helper True" in result.output
+    status = json.loads((tmp_path / "run" / "script_status.json").read_text())
+    assert status["steps_completed"] == 3 and status["exit_code"] == 7
+    assert status["bare_run"]["steps_completed"] == 3  # the bare run ran the module the same way
+
+
+def test_a_missing_module_is_a_one_line_usage_error(tmp_path, fake_nsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = profile_cli("-m", "no_such_module_here", "-o", str(tmp_path / "run"), "--nsys", str(fake_nsys))
+    assert result.exit_code == 2
+    assert "-m no_such_module_here: no module named 'no_such_module_here'" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "run").exists()
+    neither = profile_cli("--nsys", str(fake_nsys))
+    assert neither.exit_code == 2 and "give SCRIPT (a Python file) or -m MODULE" in neither.output
+
+
+DATALOADER = """
+import sys
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+losses = []
+if __name__ == "__main__":
+    for x, y in DataLoader(data, batch_size=16, num_workers=2, shuffle=False):
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(round(loss.item(), 6))
+    print("LOSSES", losses)
+"""
+
+
+def test_dataloader_workers_run_the_same_under_the_launcher(tmp_path):
+    """Worker processes start (fork) inside the launcher's process; the losses equal a plain run's."""
+    script = _write(tmp_path / "loader.py", DATALOADER)
+
+    def losses(args: list[str]) -> str:
+        proc = subprocess.run([sys.executable, *args], cwd=tmp_path, env=_child_env(), capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return [line for line in proc.stdout.splitlines() if line.startswith("LOSSES")][0]
+
+    plain = losses([str(script)])
+    launched = losses(["-m", "gpudiag.capture.launch", "--config", CaptureConfig(warmup_steps=1).to_json(),
+                       "--status", str(tmp_path / "status.json"), str(script)])
+    assert launched == plain
+    assert json.loads((tmp_path / "status.json").read_text())["steps_completed"] == 4
