@@ -1,12 +1,16 @@
 """Scripts as users start them: ``python -m package.module`` (with relative imports), DataLoader
-worker processes, argparse and ``sys.exit``: same results under gpudiag's launcher as without it."""
+worker processes, argparse and ``sys.exit``, HF ``Trainer`` and PyTorch Lightning: same results
+under gpudiag's launcher as without it (on CPU tensors; the hooks are the same on a GPU)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from gpudiag.capture.instrument import CaptureConfig
 
@@ -95,3 +99,84 @@ def test_dataloader_workers_run_the_same_under_the_launcher(tmp_path):
                        "--status", str(tmp_path / "status.json"), str(script)])
     assert launched == plain
     assert json.loads((tmp_path / "status.json").read_text())["steps_completed"] == 4
+
+
+HF_TRAINER = """
+import torch
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+torch.manual_seed(0)
+config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, max_position_embeddings=32, num_labels=2)
+model = BertForSequenceClassification(config)
+g = torch.Generator().manual_seed(1)
+data = [{"input_ids": torch.randint(0, 64, (16,), generator=g), "labels": int(i % 2)} for i in range(32)]
+args = TrainingArguments(output_dir="out", max_steps=4, per_device_train_batch_size=8, logging_steps=1,
+                         report_to=[], save_strategy="no", use_cpu=True, seed=0, dataloader_num_workers=0)
+trainer = Trainer(model=model, args=args, train_dataset=data)
+trainer.train()
+print("LOSSES", [round(h["loss"], 5) for h in trainer.state.log_history if "loss" in h])
+"""
+
+LIGHTNING = """
+import torch
+import lightning as L
+from torch import nn
+
+class Module(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        self.losses = []
+    def training_step(self, batch, _):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.losses.append(round(loss.item(), 6))
+        return loss
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+if __name__ == "__main__":
+    L.seed_everything(0, verbose=False)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    module = Module()
+    trainer = L.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8))
+    print("LOSSES", module.losses)
+"""
+
+
+def _require(module: str) -> None:
+    """Skip without ``module`` outside CI; in CI (``CI`` set, the test extra installs it) it must import."""
+    if not os.environ.get("CI"):
+        pytest.importorskip(module)
+
+
+def _plain_and_launched(tmp_path: Path, source: str, name: str) -> tuple[str, str, dict]:
+    script = _write(tmp_path / name, source)
+
+    def run(args: list[str]) -> str:
+        proc = subprocess.run([sys.executable, *args], cwd=tmp_path, env=_child_env(), capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [line for line in proc.stdout.splitlines() if line.startswith("LOSSES")][0]
+
+    plain = run([str(script)])
+    launched = run(["-m", "gpudiag.capture.launch", "--config", CaptureConfig(warmup_steps=1).to_json(),
+                    "--status", str(tmp_path / "status.json"), str(script)])
+    return plain, launched, json.loads((tmp_path / "status.json").read_text())
+
+
+def test_hf_trainer_runs_the_same_under_the_launcher(tmp_path):
+    """HF Trainer (through accelerate's optimizer wrapper): same losses, one step per optimizer step."""
+    _require("accelerate")
+    plain, launched, status = _plain_and_launched(tmp_path, HF_TRAINER, "hf_train.py")
+    assert launched == plain and status["steps_completed"] == 4
+
+
+def test_lightning_runs_the_same_under_the_launcher(tmp_path):
+    """PyTorch Lightning (optimizer step through a closure): same losses, one step per optimizer step."""
+    _require("lightning")
+    plain, launched, status = _plain_and_launched(tmp_path, LIGHTNING, "lit_train.py")
+    assert launched == plain and status["steps_completed"] == 4
