@@ -11,6 +11,10 @@ What it adds (texts defined in :mod:`gpudiag.nvtx_names`):
 - on the detail step only, one range per aten op with input/output shapes and dtypes
   (a ``TorchDispatchMode``; it also sees backward ops on autograd threads).
 
+At each step boundary it also records the host wall-clock time and a CUDA event (never waited
+on), the step times the representativeness check compares with the bare run's. Inside
+``torch.compile``d code every hook is a no-op (see :func:`_compiling`).
+
 The NVTX calls go through a tiny backend object so tests can record them on a CPU-only torch.
 """
 
@@ -37,8 +41,9 @@ class CaptureConfig:
         ``optimizer.step()``), ``"optimizer"``, ``"call"`` or ``"nvtx:REGEX"``.
     detail_step: index of the step recorded with per-op ranges; None means ``warmup_steps``.
     module_ranges / op_ranges: switch the module and op ranges off (to measure their overhead).
-    bare: the representativeness run: no NVTX, no module or backward hooks, only the step
-        boundaries and their wall-clock times (``time.perf_counter_ns``; no synchronization added).
+    bare: the representativeness run: no NVTX, no module or backward hooks, no peak-memory reads;
+        only the step boundaries, where (as in every run) host wall-clock time and a CUDA event are
+        recorded (no synchronization added; see :func:`step_gpu_times`).
     """
 
     steps_from: str = "auto"
