@@ -5,7 +5,7 @@ ranges with module ranges only outside compiled code.
 Each scenario runs twice in child processes (hooks are global): plain ``python script.py``, then
 under the real launcher ``python -m gpudiag.capture.launch``. Dynamo runs on CPU tensors; most
 scenarios use the ``aot_eager`` backend (Dynamo + AOTAutograd, what decides graphs and breaks) to
-keep CI fast, and one uses Inductor itself. ``mode="reduce-overhead"``/``max-autotune`` differ only
+keep CI fast, one uses Inductor itself and one compiled autograd. ``mode="reduce-overhead"``/``max-autotune`` differ only
 in Inductor's code generation and CUDA graphs: they are checked on the GPU (benchmarks/zoo).
 """
 
@@ -78,6 +78,10 @@ SCENARIOS = {
     "submodule": ("BREAK = False", "model = Net()\nmodel.blocks = torch.compile(model.blocks, backend='aot_eager')"),
     "user_graph_break": ("BREAK = True", "model = torch.compile(Net(), backend='aot_eager')"),
     "inductor": ("BREAK = False", "model = torch.compile(Net())"),
+    # compiled autograd: Dynamo also traces the backward graph (where gpudiag's backward phase
+    # wrapper and module hooks must stay out of it as well)
+    "compiled_autograd": ("BREAK = False", "torch._dynamo.config.compiled_autograd = True\n"
+                                           "model = torch.compile(Net(), backend='aot_eager')"),
 }
 
 
