@@ -36,6 +36,31 @@ def test_refuses_to_overwrite_without_force(tmp_path):
     assert run("report", EXPORTS["tiny_gemm_gelu"], "-o", out, "--force").exit_code == 0
 
 
+def test_an_unrelated_run_database_is_not_overwritten_without_force(tmp_path):
+    """Bad-input matrix row 39: a run.sqlite already in the output folder stays byte for byte."""
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "run.sqlite").write_bytes(b"someone's database")
+    result = run("report", EXPORTS["tiny_gemm_gelu"], "-o", out)
+    assert result.exit_code == 2 and f"{out / 'run.sqlite'} already exists: pass --force" in result.output
+    assert (out / "run.sqlite").read_bytes() == b"someone's database"
+    assert sorted(p.name for p in out.iterdir()) == ["run.sqlite"]
+
+
+def test_the_input_is_never_the_output(tmp_path, export_path):
+    """Bad-input matrix row 40: <dir>/run.sqlite as input with -o <dir> is refused, even with
+    --force, and the input is unchanged."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    source = folder / "run.sqlite"
+    shutil.copy(export_path("tiny_gemm_gelu"), source)
+    before = source.read_bytes()
+    for extra in ([], ["--force"]):
+        result = run("report", source, "-o", folder, *extra)
+        assert result.exit_code == 2 and "the input would be overwritten" in result.output
+    assert source.read_bytes() == before and sorted(p.name for p in folder.iterdir()) == ["run.sqlite"]
+
+
 def test_run_directory_with_a_failed_script(tmp_path, export_path):
     """A run directory of a script that crashed: the report says so."""
     run_dir = tmp_path / "crashed"

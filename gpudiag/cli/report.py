@@ -151,6 +151,18 @@ def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, st
     return result
 
 
+def _refuse_overwrites(export: Path, out_dir: Path, force: bool) -> None:
+    """Nothing of the user's is overwritten: not the input (even with --force), and no report file
+    or run database already in ``out_dir`` without --force. Raises UserError naming the file."""
+    targets = {(out_dir / name).resolve(): out_dir / name for name in REPORT_FILES}
+    if export.resolve() in targets:
+        raise UserError(f"{export}: the input would be overwritten by the report's {export.name}; "
+                        "pass -o DIR with another directory")
+    existing = [path for path in targets.values() if path.exists()]
+    if existing and not force:
+        raise UserError(f"{existing[0]} already exists: pass --force to overwrite it, or -o DIR to write elsewhere")
+
+
 @click.command()
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out_dir", type=click.Path(path_type=Path),
@@ -182,9 +194,7 @@ def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, ncu: 
     """
     export, status, default_dir = resolve_input(source)
     out_dir = out_dir or default_dir
-    existing = [name for name in ("report.html", "report.json") if (out_dir / name).exists()]
-    if existing and not force:
-        raise UserError(f"{out_dir / existing[0]} already exists: pass --force to overwrite it, or -o DIR to write elsewhere")
+    _refuse_overwrites(export, out_dir, force)
     if options.steps_from and not options.steps_from.startswith("nvtx:") and options.steps_from not in ("auto", "optimizer", "call"):
         raise UserError(f"--steps-from {options.steps_from!r}: use nvtx:REGEX (or auto) when reporting")
     if options.steps_from and options.steps_from.startswith("nvtx:"):
