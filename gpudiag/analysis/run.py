@@ -27,6 +27,7 @@ from gpudiag.analysis.launches import launch_counts
 from gpudiag.analysis.representative import apply_bare_run
 from gpudiag.analysis.timeline import (gpu_activities, idle_intervals, launch_stats, step_table,
                                        stream_gaps)
+from gpudiag.sources import row_checks
 from gpudiag.sources.ncu import read_ncu
 from gpudiag.sources.nsys_sqlite import kernel_summary, read_export
 
@@ -51,7 +52,8 @@ def ingest(export_path: Path, db_path: Path, source_name: str | None = None,
         tables["ncu_kernels"] = ncu
     return store.create_run_db(db_path, tables, {"source": source_name or export_path.name,
                                                  "ncu_source": ncu_path.name if ncu_path else None,
-                                                 "missing": export.missing, "environment": export.environment})
+                                                 "missing": export.missing, "environment": export.environment,
+                                                 "dropped_rows": export.dropped, "rows_read": export.rows_read})
 
 
 def _per_step(values: pd.Series, n_steps: int) -> float:
@@ -203,6 +205,10 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     memcpy, memset = store.read_table(db, "memcpy"), store.read_table(db, "memset")
     warnings: list[str] = []
     if kernels.empty:
+        odd = (meta.get("dropped_rows") or {}).get("kernels")
+        if odd:  # every kernel row was odd: say so rather than "no kernels"
+            raise AnalysisError(f"all {(meta.get('rows_read') or {}).get('kernels', '?')} kernel rows have impossible "
+                                f"timestamps ({', '.join(f'{r}: {n}' for r, n in odd.items())}): export the report again")
         raise AnalysisError("the export holds no CUDA kernels: was the script run on a GPU with CUDA tracing on (nsys --trace=cuda)?")
     if nvtx.empty:
         nvtx = pd.DataFrame(columns=["start_ns", "end_ns", "text", "global_tid", "global_pid", "event_type", "domain_id"])
@@ -372,6 +378,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
                            "op_calls_recorded": int(nvtx["text"].fillna("").str.startswith("gpudiag:op ").sum())}
     if meta.get("missing"):
         warnings.append("missing from the export: " + ", ".join(meta["missing"][:12]))
+    warnings.extend(row_checks.warning_lines(meta.get("dropped_rows") or {}, meta.get("rows_read") or {}))
     if status and status.get("exit_code") not in (0, None):
         warnings.append(f"the script failed (exit code {status.get('exit_code')}): {status.get('exception') or 'see gpudiag.log'}; "
                         "this report covers what was captured until then")

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gpudiag.sources import row_checks
+
 PID_MASK = 0xFFFFFFFFFF000000  # globalTid -> globalPid (NVIDIA nsys export documentation)
 
 # NVTX event types (ENUM_NSYS_EVENT_TYPE): push/pop range, start/end range.
@@ -43,6 +45,8 @@ class NsysExport:
     devices: pd.DataFrame
     environment: dict = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    dropped: dict = field(default_factory=dict)  # table -> {reason: rows} (gpudiag.sources.row_checks)
+    rows_read: dict = field(default_factory=dict)  # table -> rows before any was dropped
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:
@@ -177,9 +181,14 @@ def read_export(path: Path) -> NsysExport:
             "registersPerThread": "registers_per_thread", "staticSharedMemory": "static_smem_bytes",
             "dynamicSharedMemory": "dynamic_smem_bytes", "localMemoryPerThread": "local_mem_per_thread_bytes",
             "graphNodeId": "graph_node_id"}, tables, missing)
+        dropped: dict = {}
+        rows_read = {"kernels": len(k)}
+        k = row_checks.valid_times(k, "kernels", dropped, duration=True)
+        k = row_checks.numeric(k, "kernels", [c for c in k.columns if c.startswith(("grid_", "block_"))]
+                               + ["device_id", "stream_id", "correlation_id", "global_pid", "registers_per_thread",
+                                  "static_smem_bytes", "dynamic_smem_bytes", "local_mem_per_thread_bytes"], dropped)
         k["name"] = _resolve(k.pop("name_id"), strings)
         k["short_name"] = _resolve(k.pop("short_name_id"), strings)
-        k["duration_ns"] = k["end_ns"] - k["start_ns"]
         k = k.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
         api_parts = []
@@ -195,6 +204,9 @@ def read_export(path: Path) -> NsysExport:
             api_parts.append(part)
         api = (pd.concat(api_parts, ignore_index=True) if api_parts else
                pd.DataFrame(columns=["start_ns", "end_ns", "global_tid", "correlation_id", "name", "return_value"]))
+        rows_read["runtime_api"] = len(api)
+        api = row_checks.numeric(row_checks.valid_times(api, "runtime_api", dropped), "runtime_api",
+                                 ["global_tid", "correlation_id"], dropped)
         api["global_pid"] = _pid_of(api["global_tid"])
 
         mc = _select(conn, "CUPTI_ACTIVITY_KIND_MEMCPY", {
@@ -206,18 +218,23 @@ def read_export(path: Path) -> NsysExport:
         mc["copy_kind"] = mc.pop("copy_kind_id").map(copy_kinds)
         mc["src_kind"] = mc.pop("src_kind_id").map(mem_kinds)
         mc["dst_kind"] = mc.pop("dst_kind_id").map(mem_kinds)
-        mc["duration_ns"] = mc["end_ns"] - mc["start_ns"]
+        rows_read["memcpy"] = len(mc)
+        mc = row_checks.numeric(row_checks.valid_times(mc, "memcpy", dropped, duration=True), "memcpy",
+                                ["bytes", "correlation_id"], dropped)
 
         ms = _select(conn, "CUPTI_ACTIVITY_KIND_MEMSET", {
             "start": "start_ns", "end": "end_ns", "deviceId": "device_id", "streamId": "stream_id",
             "correlationId": "correlation_id", "globalPid": "global_pid", "bytes": "bytes"}, tables, missing)
-        ms["duration_ns"] = ms["end_ns"] - ms["start_ns"]
+        rows_read["memset"] = len(ms)
+        ms = row_checks.numeric(row_checks.valid_times(ms, "memset", dropped, duration=True), "memset",
+                                ["bytes", "correlation_id"], dropped)
 
         sy = _select(conn, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", {
             "start": "start_ns", "end": "end_ns", "globalPid": "global_pid", "correlationId": "correlation_id",
             "syncType": "sync_type_id", "streamId": "stream_id"}, tables, missing)
         sy["sync_type"] = sy.pop("sync_type_id").map(_enum(conn, tables, "ENUM_CUPTI_SYNC_TYPE"))
-        sy["duration_ns"] = sy["end_ns"] - sy["start_ns"]
+        rows_read["sync"] = len(sy)
+        sy = row_checks.valid_times(sy, "sync", dropped, duration=True)
 
         nvtx_cols = _columns(conn, "NVTX_EVENTS") if "NVTX_EVENTS" in tables else set()
         ranges_only = (f"WHERE eventType IN ({NVTX_PUSHPOP}, {NVTX_STARTEND}) AND end IS NOT NULL"
@@ -238,7 +255,8 @@ def read_export(path: Path) -> NsysExport:
             "l2CacheSize": "l2_cache_bytes", "totalMemory": "total_memory_bytes",
             "computeMajor": "compute_major", "computeMinor": "compute_minor"}, tables, missing)
         return NsysExport(path=path, kernels=k, runtime_api=api, memcpy=mc, memset=ms, sync=sy,
-                          nvtx_ranges=nv, devices=dev, environment=_environment(conn, tables), missing=missing)
+                          nvtx_ranges=nv, devices=dev, environment=_environment(conn, tables), missing=missing,
+                          dropped=dropped, rows_read=rows_read)
     finally:
         conn.close()
 
