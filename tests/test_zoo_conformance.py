@@ -151,6 +151,7 @@ def test_steps_and_gpu_busy_match_the_raw_export(zoo, name):
     measured = [s for s in per_step if per_step[s]["measured"]]
     busy = 100 * sum(expected[s]["busy"] for s in measured) / sum(expected[s]["time"] for s in measured)
     assert report["gpu_busy_percent"] == pytest.approx(busy, rel=1e-9)
+    assert report["invariants"] == {}
 
 
 @pytest.mark.parametrize("name", sorted(set(RUNS) - COMPILED) + sorted(EARLIER))

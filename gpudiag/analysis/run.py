@@ -16,6 +16,7 @@ import pandas as pd
 import sqlite_utils
 
 from gpudiag import __version__, nvtx_names, store
+from gpudiag.analysis import invariants
 from gpudiag.analysis import peaks as peaks_mod
 from gpudiag.analysis.attribution import Steps, attribute, find_steps, launch_calls, op_call_payloads, window_index
 from gpudiag.analysis.errors import AnalysisError
@@ -383,7 +384,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         warnings.append(f"the script failed (exit code {status.get('exit_code')}): {status.get('exception') or 'see gpudiag.log'}; "
                         "this report covers what was captured until then")
 
-    return apply_bare_run({
+    return invariants.check(apply_bare_run({
         "schema_version": REPORT_SCHEMA_VERSION,
         "gpudiag_version": __version__,
         "source": meta.get("source"),
@@ -434,7 +435,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "instrumentation": instrumentation,
         "launches_per_step": launch_counts(km, runtime_api, steps.table, measured_ids),
         "warnings": warnings,
-    })
+    }))
 
 
 def _recommendations(km, detail, idle, runtime_api, memcpy, steps, measured_ids, n, step_ns,
