@@ -16,7 +16,7 @@ import argparse
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from zoo_common import StepTimer  # benchmarks/zoo/zoo_common.py: next to this script, on sys.path
+from zoo_common import StepTimer, print_results  # benchmarks/zoo/zoo_common.py: next to this script, on sys.path
 
 
 def main() -> None:
@@ -60,9 +60,7 @@ def main() -> None:
         optimizer.step()
         timer.stop()
         losses.append(loss.detach().clone())
-    for step, value in enumerate(torch.stack(losses).float().tolist()):
-        print(f"step {step} loss {value:.4f}")
-    print(f"median_step_ms {timer.median_ms():.3f}")
+    print_results(losses, timer)
 
 
 if __name__ == "__main__":

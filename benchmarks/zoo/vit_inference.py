@@ -16,7 +16,7 @@ import argparse
 import torch
 import torchvision
 
-from zoo_common import StepTimer  # benchmarks/zoo/zoo_common.py: next to this script, on sys.path
+from zoo_common import StepTimer, print_results  # benchmarks/zoo/zoo_common.py: next to this script, on sys.path
 
 try:
     from gpudiag import step
@@ -59,9 +59,7 @@ def main() -> None:
             checksums.append(logits.float().abs().mean())
             timer.stop()
             step()
-    for k, value in enumerate(torch.stack(checksums).tolist()):
-        print(f"step {k} checksum {value:.6f}")
-    print(f"median_step_ms {timer.median_ms():.3f}")
+    print_results(checksums, timer, kind="checksum")
 
 
 if __name__ == "__main__":

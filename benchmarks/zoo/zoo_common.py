@@ -39,3 +39,11 @@ class StepTimer:
         times = times[skip:]
         return statistics.median(times) if times else float("nan")
 
+
+
+def print_results(values: list, timer: StepTimer, kind: str = "loss") -> None:
+    """``step N <kind> X`` per step (after the loop: printing a GPU value waits for the GPU) and
+    ``median_step_ms X``: the lines compare_losses.py and collect_fixtures.py read."""
+    for step, value in enumerate(torch.stack(values).float().tolist()):
+        print(f"step {step} {kind} {value:.{4 if kind == 'loss' else 6}f}")
+    print(f"median_step_ms {timer.median_ms():.3f}")
