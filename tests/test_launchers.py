@@ -86,19 +86,8 @@ if __name__ == "__main__":
 
 def test_dataloader_workers_run_the_same_under_the_launcher(tmp_path):
     """Worker processes start (fork) inside the launcher's process; the losses equal a plain run's."""
-    script = _write(tmp_path / "loader.py", DATALOADER)
-
-    def losses(args: list[str]) -> str:
-        proc = subprocess.run([sys.executable, *args], cwd=tmp_path, env=_child_env(), capture_output=True,
-                              text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return [line for line in proc.stdout.splitlines() if line.startswith("LOSSES")][0]
-
-    plain = losses([str(script)])
-    launched = losses(["-m", "gpudiag.capture.launch", "--config", CaptureConfig(warmup_steps=1).to_json(),
-                       "--status", str(tmp_path / "status.json"), str(script)])
-    assert launched == plain
-    assert json.loads((tmp_path / "status.json").read_text())["steps_completed"] == 4
+    plain, launched, status = _plain_and_launched(tmp_path, DATALOADER, "loader.py")
+    assert launched == plain and status["steps_completed"] == 4
 
 
 HF_TRAINER = """
