@@ -21,25 +21,26 @@ KERNEL_LAUNCH = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cudaLaunchCo
 GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)(_v\d+)?$")
 
 
-def launch_counts(km: pd.DataFrame, runtime_api: pd.DataFrame, steps_table: pd.DataFrame,
-                  measured_ids: set[int]) -> dict | None:
+def in_measured_steps(df: pd.DataFrame, host_ns: np.ndarray, steps_table: pd.DataFrame,
+                      measured_ids: set[int]) -> pd.DataFrame:
+    """``df`` with a ``step`` column (the step whose host window holds each row's ``host_ns``),
+    measured steps' rows only. ``steps_table``: step, start_ns, end_ns."""
+    idx = window_index(steps_table["start_ns"].to_numpy(), steps_table["end_ns"].to_numpy(), host_ns)
+    step = np.where(idx >= 0, steps_table["step"].to_numpy()[np.maximum(idx, 0)], -1)
+    return df.assign(step=step)[lambda d: d["step"].isin(measured_ids)]
+
+
+def launch_counts(km: pd.DataFrame, api: pd.DataFrame, n: int) -> dict | None:
     """Per measured step (means): ``kernel_launch_calls`` (launch API calls), ``graph_launches``
     (cudaGraphLaunch calls), ``kernels`` (kernels that ran) and ``kernels_from_graphs`` (those
     with a graph node id). ``km``: the measured steps' kernels (``graph_node_id`` column optional);
-    ``runtime_api``: API calls (name, start_ns); ``steps_table``: step, start_ns, end_ns (host
-    windows). None when there is no measured step."""
-    n = len(measured_ids)
+    ``api``: the measured steps' API calls (:func:`in_measured_steps`); ``n``: how many measured
+    steps. None when there is none."""
     if not n:
         return None
     node = km["graph_node_id"] if "graph_node_id" in km else pd.Series(np.nan, index=km.index)
     from_graphs = int((pd.to_numeric(node, errors="coerce").fillna(0) > 0).sum())
-    calls = {"kernel_launch_calls": 0, "graph_launches": 0}
-    if not runtime_api.empty:
-        idx = window_index(steps_table["start_ns"].to_numpy(), steps_table["end_ns"].to_numpy(),
-                           runtime_api["start_ns"].to_numpy(dtype=float))
-        step = np.where(idx >= 0, steps_table["step"].to_numpy()[np.maximum(idx, 0)], -1)
-        names = runtime_api["name"].fillna("")[np.isin(step, list(measured_ids))]
-        calls = {"kernel_launch_calls": int(names.str.match(KERNEL_LAUNCH).sum()),
-                 "graph_launches": int(names.str.match(GRAPH_LAUNCH).sum())}
-    return {"kernel_launch_calls": calls["kernel_launch_calls"] / n, "graph_launches": calls["graph_launches"] / n,
+    names = api["name"].fillna("") if not api.empty else pd.Series(dtype=str)
+    return {"kernel_launch_calls": int(names.str.match(KERNEL_LAUNCH).sum()) / n,
+            "graph_launches": int(names.str.match(GRAPH_LAUNCH).sum()) / n,
             "kernels": len(km) / n, "kernels_from_graphs": from_graphs / n}

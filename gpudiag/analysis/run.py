@@ -24,7 +24,7 @@ from gpudiag.analysis.classify import classify
 from gpudiag.analysis.families import kernel_label
 from gpudiag.analysis.fusion import fusion_candidates, mark_host_bound, saving_by_kernel
 from gpudiag.analysis.compiled import attribute_compiled
-from gpudiag.analysis.launches import launch_counts
+from gpudiag.analysis.launches import in_measured_steps, launch_counts
 from gpudiag.analysis.representative import apply_bare_run
 from gpudiag.analysis.timeline import (gpu_activities, idle_intervals, launch_stats, step_table,
                                        stream_gaps)
@@ -341,7 +341,10 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
 
     in_module = km[km["module"] != ""]
     detail = k[(k["step"] == detail_step) & (k["op"] != "")] if detail_step is not None else k.iloc[0:0]
-    recommendations = _recommendations(km, detail, idle, runtime_api, memcpy, steps, measured_ids, n, step_ns,
+    # API calls of the measured steps, once: the rules and the launch counts both read them
+    api_m = (in_measured_steps(runtime_api, runtime_api["start_ns"].to_numpy(dtype=float), steps.table, measured_ids)
+             if not runtime_api.empty else runtime_api)
+    recommendations = _recommendations(km, detail, idle, runtime_api, api_m, memcpy, steps, measured_ids, n, step_ns,
                                        device_peaks, ncu) if n else []
     all_candidates = fusion_candidates(detail, device_peaks, top=None, op_payloads=payloads.tolist() if len(payloads) else None)
     candidates = all_candidates[:10]
@@ -433,24 +436,19 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
                                     for name, r in top_waits.iterrows()],
         },
         "instrumentation": instrumentation,
-        "launches_per_step": launch_counts(km, runtime_api, steps.table, measured_ids),
+        "launches_per_step": launch_counts(km, api_m, n),
         "warnings": warnings,
     }))
 
 
-def _recommendations(km, detail, idle, runtime_api, memcpy, steps, measured_ids, n, step_ns,
+def _recommendations(km, detail, idle, runtime_api, api, memcpy, steps, measured_ids, n, step_ns,
                      device_peaks, ncu) -> list[dict]:
-    """Build the rules' context (measured steps only) and run them (:mod:`gpudiag.analysis.recommend`)."""
+    """Build the rules' context (measured steps only; ``api``: the measured steps' API calls) and run
+    them (:mod:`gpudiag.analysis.recommend`)."""
     from gpudiag.analysis.recommend import RuleContext, recommend
 
-    def measured_only(df: pd.DataFrame, host_ns: np.ndarray) -> pd.DataFrame:
-        """``df`` with the step whose host window holds ``host_ns``, measured steps only."""
-        idx = window_index(steps.table["start_ns"].to_numpy(), steps.table["end_ns"].to_numpy(), host_ns)
-        step = np.where(idx >= 0, steps.table["step"].to_numpy()[np.maximum(idx, 0)], -1)
-        return df.assign(step=step)[lambda d: d["step"].isin(measured_ids)]
-
-    api = measured_only(runtime_api, runtime_api["start_ns"].to_numpy(dtype=float)) if not runtime_api.empty else runtime_api
-    copies = (measured_only(memcpy, launch_calls(memcpy, runtime_api)["api_start_ns"].to_numpy(dtype=float))
+    copies = (in_measured_steps(memcpy, launch_calls(memcpy, runtime_api)["api_start_ns"].to_numpy(dtype=float),
+                                steps.table, measured_ids)
               if not memcpy.empty else memcpy.assign(step=pd.Series(dtype=int)))
 
     # Idle before a step's first kernel is the input stall (copies such as the previous step's
