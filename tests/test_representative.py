@@ -120,3 +120,13 @@ def test_cuda_event_times_win_over_wall_clock_when_both_runs_have_them(swin):
     r = apply_bare_run(swin)["representativeness"]
     assert r["bare_step_time_ns"] == 25e6 and r["profiled_step_time_ns"] == 30e6
     assert r["method"].startswith("CUDA events")
+
+
+def test_without_a_bare_run_the_terminal_says_the_overhead_numbers_are_uncorrected(swin):
+    from rich.console import Console
+
+    from gpudiag.reports import terminal
+
+    console = Console(record=True, width=200)
+    terminal.render(apply_bare_run(swin), console)
+    assert "no run without the profiler to compare with" in console.export_text()

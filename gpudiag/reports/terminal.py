@@ -61,6 +61,10 @@ def render_bare(result: dict, console: Console) -> None:
                            f"{fmt_ns(rep['bare_step_time_ns'])} ({rep['inflation_percent']:+.0f} %)"), highlight=False)
     elif rep:
         console.print(Text("no bare-run comparison: " + rep["unavailable"]), highlight=False)
+    elif any(r["rule_id"] == "GD-OVERHEAD-BOUND" for r in result.get("recommendations") or []):
+        console.print(Text("note: no run without the profiler to compare with (gpudiag profile makes one): the "
+                           "overhead-bound numbers are as measured under tracing, which inflates host time"),
+                      highlight=False)
 
 
 def compiled_text(result: dict) -> str | None:
