@@ -5,6 +5,7 @@
     python benchmarks/zoo/bert_compile_train.py --steps 20 --mode reduce-overhead    # CUDA graphs
     python benchmarks/zoo/bert_compile_train.py --steps 20 --compile-submodule       # only model.bert.encoder
     python benchmarks/zoo/bert_compile_train.py --steps 20 --no-compile              # eager, for comparison
+    python benchmarks/zoo/bert_compile_train.py --steps 20 --compiled-autograd       # backward through Dynamo too
     gpudiag profile benchmarks/zoo/bert_compile_train.py -- --steps 20
     python benchmarks/zoo/bert_compile_train.py --tiny --device cpu --steps 4 --backend aot_eager  # smoke test
 
@@ -36,6 +37,8 @@ def main() -> None:
                         help="torch.compile mode")
     parser.add_argument("--compile-submodule", action="store_true", help="compile only model.bert.encoder")
     parser.add_argument("--no-compile", action="store_true", help="eager model (baseline)")
+    parser.add_argument("--compiled-autograd", action="store_true",
+                        help="also compile the backward (torch._dynamo.config.compiled_autograd)")
     parser.add_argument("--backend", default="inductor",
                         help="torch.compile backend (aot_eager: tracing without code generation, for CPU smoke tests)")
     parser.add_argument("--lr", type=float, default=5e-5)
@@ -54,6 +57,8 @@ def main() -> None:
     model = BertForSequenceClassification(config).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
+    if args.compiled_autograd:
+        torch._dynamo.config.compiled_autograd = True  # PyTorch's documented switch (compiled autograd tutorial)
     compile_kwargs = {"backend": args.backend}
     if args.mode != "default":
         compile_kwargs["mode"] = args.mode
@@ -71,7 +76,7 @@ def main() -> None:
     labels = torch.randint(0, config.num_labels, (batch,), generator=data_gen).to(device)
     what = "eager" if args.no_compile else ("model.bert.encoder" if args.compile_submodule else "model")
     print(f"bert_compile_train: batch {batch} x {seq} tokens, device {device}, compiled {what}, "
-          f"mode {args.mode}, backend {args.backend}, attention {model.config._attn_implementation}", flush=True)
+          f"mode {args.mode}, backend {args.backend}, compiled autograd {args.compiled_autograd}, attention {model.config._attn_implementation}", flush=True)
 
     timer = StepTimer(device)
     losses = []

@@ -26,7 +26,7 @@ RUNS_DIR=${RUNS_DIR:-${TMPDIR:-/tmp}/gpudiag-zoo-runs}
 ZOO_TIMEOUT=${ZOO_TIMEOUT:-300}
 
 CORE="llama resnet50 bert_compile gpt2_decode vit"
-ALL="llama resnet50 resnet50_cl resnet50_cl_compile bert_compile bert_compile_encoder bert_compile_ro bert_eager gpt2_decode gpt2_decode_user_graph gpt2_decode_eager vit"
+ALL="llama resnet50 resnet50_cl resnet50_cl_compile bert_compile bert_compile_encoder bert_compile_ro bert_compile_ma bert_compile_ca bert_eager gpt2_decode gpt2_decode_user_graph gpt2_decode_eager vit"
 
 # name -> script and arguments (GPU sizes: each plain + profiled pair is meant to stay under ~90 s)
 workload() {
@@ -38,6 +38,8 @@ workload() {
     bert_compile)           echo "bert_compile_train.py --steps 20" ;;
     bert_compile_encoder)   echo "bert_compile_train.py --steps 20 --compile-submodule" ;;
     bert_compile_ro)        echo "bert_compile_train.py --steps 20 --mode reduce-overhead" ;;
+    bert_compile_ma)        echo "bert_compile_train.py --steps 20 --mode max-autotune" ;;
+    bert_compile_ca)        echo "bert_compile_train.py --steps 20 --compiled-autograd" ;;
     bert_eager)             echo "bert_compile_train.py --steps 20 --no-compile" ;;
     gpt2_decode)            echo "gpt2_decode_graphs.py --steps 32" ;;
     gpt2_decode_user_graph) echo "gpt2_decode_graphs.py --steps 32 --user-graph" ;;
