@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 
 # Modules under gpudiag.kernels.ops that declare KERNELS.
-OP_MODULES = ("bias_gelu", "rms_norm", "glu", "add_layer_norm", "swin_window", "bias_dropout_add", "softmax", "cross_entropy")
+OP_MODULES = ("bias_gelu", "rms_norm", "glu", "add_layer_norm", "swin_window", "bias_dropout_add", "softmax", "cross_entropy",
+              "rope", "linear_cross_entropy")
 
 # (rows, cols) test shapes for row-wise kernels: odd widths (49: a 7x7 window, 1000: ImageNet
 # classes, 4097: one past a power of two), one element, and row counts that give a backward
