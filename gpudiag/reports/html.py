@@ -87,7 +87,8 @@ def _environment() -> jinja2.Environment:
         autoescape=jinja2.select_autoescape(["html"]),
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(ns=units.fmt_ns, pct=units.fmt_pct, num=units.fmt_num, code=code_spans, evidence=evidence_text)
+    env.filters.update(ns=units.fmt_ns, pct=units.fmt_pct, num=units.fmt_num, bytes=units.fmt_bytes, code=code_spans,
+                       evidence=evidence_text)
     return env
 
 

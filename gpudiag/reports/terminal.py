@@ -99,6 +99,17 @@ def chain_text(candidate: dict) -> str:
     return " → ".join(op.replace("aten::", "") for op in candidate["ops"])
 
 
+def reference_text(candidate: dict) -> str:
+    """What to use for a candidate: its reference kernel, torch.compile for a known pattern with no
+    kernel (BatchNorm + ReLU), or a dash."""
+    if candidate.get("reference_kernel"):
+        return candidate["reference_kernel"]
+    return f"torch.compile ({candidate['compile_pattern']})" if candidate.get("compile_pattern") else "–"
+
+
+KERNEL_SEQUENCE_NOTE = "candidates from the kernel sequence (no op ranges in this export): lower confidence"
+
+
 def render_fusion(result: dict, console: Console, top: int = FUSION_TOP) -> None:
     """The top fusion candidates (chain, occurrences, GPU-time saving per step, reference kernel),
     with the overhead-bound note when the report has one; nothing when there is no candidate."""
@@ -113,7 +124,9 @@ def render_fusion(result: dict, console: Console, top: int = FUSION_TOP) -> None
     table.add_column("reference kernel")
     for c in candidates[:top]:
         table.add_row(Text(chain_text(c)), str(c["occurrences_per_step"]), fmt_ns(c["saving_ns_per_step"]),
-                      Text(c.get("reference_kernel") or "–"))
+                      Text(reference_text(c)))
     console.print(table)
+    if result.get("fusion_source") == "kernel_sequence":  # no data flow: runs of kernels, bytes estimated from names
+        console.print(Text(KERNEL_SEQUENCE_NOTE, style="yellow"), highlight=False)
     if result.get("fusion_note"):  # the saving is GPU time; an overhead-bound step will not get it back
         console.print(Text("note: ", style="yellow") + Text(result["fusion_note"]), highlight=False)

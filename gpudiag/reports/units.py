@@ -29,3 +29,14 @@ def fmt_num(value, digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     return f"{float(value):.{digits}g}"
+
+
+def fmt_bytes(value) -> str:
+    """A size in bytes with a decimal unit: '812 B', '46.1 MB', '1.05 GB'; '–' for missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    v = float(value)
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {unit}"
+    return f"{v:.0f} B"
