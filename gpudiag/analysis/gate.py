@@ -27,8 +27,8 @@ import fnmatch
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-from scipy.stats import mannwhitneyu
+# numpy and scipy are imported where used: scipy.stats alone takes over a second to import, and
+# `gpudiag --help` and the report command must not pay for the gate's statistics.
 
 BASELINE_FORMAT = 1
 
@@ -213,6 +213,9 @@ class Comparison:
 
 
 def _p_value(a: list[float], b: list[float]) -> float:
+    import numpy as np
+    from scipy.stats import mannwhitneyu
+
     if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0 and a[0] == b[0]):
         return 1.0
     return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
@@ -220,6 +223,8 @@ def _p_value(a: list[float], b: list[float]) -> float:
 
 def compare(baseline: dict[str, Metric], current: dict[str, Metric], config: GateConfig) -> list[Comparison]:
     """One :class:`Comparison` per metric in either run (ignored ones left out), step time first."""
+    import numpy as np
+
     out = []
     names = sorted(set(baseline) | set(current), key=lambda n: (":" in n, n))
     for name in names:

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
@@ -26,6 +27,12 @@ def _exit_code(exc: SystemExit) -> int:
         return exc.code
     print(exc.code, file=sys.stderr)  # as Python does for sys.exit("message"), which exits 1
     return 1
+
+
+def _exit_on_sigterm(signum, _frame) -> None:
+    """SIGTERM ends the script like ``sys.exit(143)``, so the status is still written (Python's
+    default would end the process at once)."""
+    raise SystemExit(128 + signum)
 
 
 def module_file(name: str) -> str:
@@ -79,10 +86,17 @@ def main(argv: list[str] | None = None) -> int:
         inductor_provenance.install(state.nvtx)
 
     code = 0
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         _run(ns.script, ns.args, ns.module, path)
     except SystemExit as exc:
         code = _exit_code(exc)
+    except KeyboardInterrupt:  # Ctrl-C, or gpudiag profile passing one on: the capture stops here
+        code = 128 + signal.SIGINT  # what a shell reports for a process ended by SIGINT
+        status["exception"] = "KeyboardInterrupt: interrupted with Ctrl-C (SIGINT)"
+        status["traceback"] = traceback.format_exc()
+        status["interrupted"] = True
+        traceback.print_exc()
     except BaseException as exc:  # noqa: BLE001 - the user's crash is data, reported later
         code = 1
         status["exception"] = f"{type(exc).__name__}: {exc}"

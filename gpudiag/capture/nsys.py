@@ -11,7 +11,6 @@ import glob
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -82,18 +81,3 @@ def export_command(nsys: Path, report: Path, sqlite_path: Path) -> list[str]:
     """``nsys export`` command writing the SQLite export of ``report`` to ``sqlite_path``."""
     return [str(nsys), "export", "--type", "sqlite", "--force-overwrite", "true",
             "--output", str(sqlite_path), str(report)]
-
-
-def run_logged(cmd: list[str], log: Path, env: dict | None = None, echo: bool = True) -> int:
-    """Run ``cmd`` with stdout and stderr appended to ``log`` and (unless ``echo`` is False) echoed;
-    returns the exit code."""
-    with open(log, "a", encoding="utf-8") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                text=True, errors="replace")
-        for line in proc.stdout:
-            if echo:
-                sys.stdout.write(line)
-            f.write(line)
-        return proc.wait()

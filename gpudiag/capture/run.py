@@ -13,13 +13,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpudiag.capture import ncu as ncu_mod
 from gpudiag.capture import nsys
 from gpudiag.capture.instrument import CaptureConfig
+from gpudiag.capture.toolrun import Interrupted, run_logged
 
 REPORT_BASE = "profile"
 SQLITE_NAME = "profile.sqlite"
@@ -39,6 +43,7 @@ class CaptureResult:
     report: Path
     sqlite: Path
     status: dict  # launcher status; {} when the launcher never ran (e.g. nsys failed first)
+    interrupted: Interrupted | None = None  # set when Ctrl-C / SIGTERM stopped the capture early
 
     @property
     def script_exit_code(self) -> int:
@@ -54,6 +59,30 @@ def _launcher_args(script: Path | str, script_args: list[str], run_dir: Path, co
     return ["--config", config.to_json(), "--status", str((run_dir / status_name).resolve()), *target, *script_args]
 
 
+def plain_stage(echo=print):
+    """The default ``stage`` of :func:`capture`: announces each stage with one line."""
+
+    @contextmanager
+    def stage(text: str):
+        echo(text)
+        yield
+
+    return stage
+
+
+def mark_interrupted(run_dir: Path, stage: str, signum: int = signal.SIGINT) -> dict:
+    """Record in the run's ``script_status.json`` (created if the launcher wrote none) that
+    ``gpudiag profile`` was interrupted during ``stage``; returns the updated status."""
+    path = run_dir / STATUS_NAME
+    try:
+        status = json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:  # written half when the launcher itself was killed
+        status = {}
+    status["interrupted"] = {"stage": stage, "signal": signal.Signals(signum).name, "unix_s": time.time()}
+    path.write_text(json.dumps(status, indent=1))
+    return status
+
+
 def _launcher_env() -> dict:
     env = dict(os.environ)
     # The launcher must import this gpudiag even when it is not installed (e.g. run from a checkout).
@@ -63,21 +92,23 @@ def _launcher_env() -> dict:
 
 
 def capture_ncu(script: Path, script_args: list[str], run_dir: Path, config: CaptureConfig, detail_step: int,
-                kernel_names: list[str], max_kernels: int, echo=print) -> Path | None:
+                kernel_names: list[str], max_kernels: int, echo=print, stage=None) -> Path | None:
     """Second pass under Nsight Compute (see :mod:`gpudiag.capture.ncu`): returns the path of
     ``profile.ncu-rep``, or None (with a message saying why) when ncu is missing, may not read the
-    performance counters, or profiled nothing. Never raises for those: the nsys report stands."""
+    performance counters, or profiled nothing. Never raises for those: the nsys report stands.
+    Raises :class:`~gpudiag.capture.toolrun.Interrupted` on Ctrl-C (ncu stopped)."""
     try:
         ncu_path = ncu_mod.locate_ncu()
     except nsys.ToolNotFound as exc:
         echo(f"--ncu skipped: {exc}")
         return None
     log = run_dir / LOG_NAME
-    echo(f"[ncu] replaying {len(kernel_names)} top kernels of step {detail_step} under Nsight Compute ({ncu_path})")
     cmd = ncu_mod.profile_command(ncu_path, run_dir / REPORT_BASE, detail_step, kernel_names, max_kernels,
                                   _launcher_args(script, script_args, run_dir, config, "ncu_status.json"))
     start = log.stat().st_size if log.exists() else 0
-    nsys.run_logged(cmd, log, _launcher_env())
+    with (stage or plain_stage(echo))(f"[ncu] replaying {len(kernel_names)} top kernels of step {detail_step} "
+                                      f"under Nsight Compute ({ncu_path})"):
+        run_logged(cmd, log, _launcher_env())
     output = log.read_text(errors="replace")[start:]
     report = run_dir / NCU_NAME
     if ncu_mod.PERMISSION_ERROR in output:
@@ -90,41 +121,55 @@ def capture_ncu(script: Path, script_args: list[str], run_dir: Path, config: Cap
 
 
 def capture(script: Path, script_args: list[str], run_dir: Path, config: CaptureConfig,
-            nsys_path: Path, echo=print) -> CaptureResult:
-    """Profile ``script`` with ``script_args`` into ``run_dir`` (which must exist).
+            nsys_path: Path, echo=print, stage=None) -> CaptureResult:
+    """Profile ``script`` with ``script_args`` into ``run_dir`` (which must exist). ``stage(text)``
+    is a context manager around each stage (default: :func:`plain_stage`, one line per stage).
 
     Raises :class:`CaptureError` if nsys writes no report or the export fails. A script that
-    crashes is not an error here: its partial profile is exported and its status says it failed."""
+    crashes is not an error here: its partial profile is exported and its status says it failed.
+    Ctrl-C (or SIGTERM) during the capture stops nsys, which writes what it recorded: that report
+    is exported too and the result's ``interrupted`` is set; without a report, or on Ctrl-C during
+    the export, :class:`~gpudiag.capture.toolrun.Interrupted` (or ``KeyboardInterrupt``) is raised."""
+    stage = stage or plain_stage(echo)
     log = run_dir / LOG_NAME
     status_path = run_dir / STATUS_NAME
     launcher_args = _launcher_args(script, script_args, run_dir, config, STATUS_NAME)
-    env = _launcher_env()
-
-    echo(f"[1/3] profiling {script} under Nsight Systems ({nsys_path})")
-    nsys.run_logged(nsys.profile_command(nsys_path, run_dir / REPORT_BASE, launcher_args), log, env)
+    interrupted = None
+    with stage(f"[1/3] profiling {script} under Nsight Systems ({nsys_path})"):
+        try:
+            run_logged(nsys.profile_command(nsys_path, run_dir / REPORT_BASE, launcher_args), log, _launcher_env())
+        except Interrupted as exc:
+            interrupted = exc
     status = json.loads(status_path.read_text()) if status_path.exists() else {}
     report = run_dir / (REPORT_BASE + ".nsys-rep")
     if not report.exists():
+        if interrupted:
+            raise interrupted
         raise CaptureError(f"nsys wrote no report in {run_dir}; see {log} for its output")
+    if interrupted:
+        echo(f"interrupted ({interrupted}): nsys stopped the capture and kept what it recorded; exporting it")
 
-    echo(f"[2/3] exporting {report.name} to SQLite")
     sqlite_path = run_dir / SQLITE_NAME
-    code = nsys.run_logged(nsys.export_command(nsys_path, report, sqlite_path), log)
+    with stage(f"[2/3] exporting {report.name} to SQLite"):
+        code = run_logged(nsys.export_command(nsys_path, report, sqlite_path), log)
     if code != 0 or not sqlite_path.exists():
         raise CaptureError(f"nsys export failed (exit {code}); see {log}; the report {report} is kept")
-    return CaptureResult(run_dir=run_dir, report=report, sqlite=sqlite_path, status=status)
+    return CaptureResult(run_dir=run_dir, report=report, sqlite=sqlite_path, status=status, interrupted=interrupted)
 
 
-def capture_bare(script: Path, script_args: list[str], run_dir: Path, config: CaptureConfig, echo=print) -> dict:
+def capture_bare(script: Path, script_args: list[str], run_dir: Path, config: CaptureConfig, echo=print,
+                 stage=None) -> dict:
     """The representativeness run: the script once more, without nsys and without NVTX or module
     hooks, recording only each step's host wall-clock time (see ``CaptureConfig.bare``). Its
     output goes to the log only. Returns its status (``step_wall_ns`` by step), or {} when it
-    wrote none; a failing bare run is reported, never raised."""
+    wrote none; a failing bare run is reported, never raised (Ctrl-C raises
+    :class:`~gpudiag.capture.toolrun.Interrupted` once the run has stopped)."""
     log = run_dir / LOG_NAME
     bare = dataclasses.replace(config, bare=True)
-    echo("[bare] timing the same steps without the profiler (output in gpudiag.log; --no-bare-run skips this)")
     cmd = [sys.executable, "-m", "gpudiag.capture.launch", *_launcher_args(script, script_args, run_dir, bare, BARE_STATUS_NAME)]
-    code = nsys.run_logged(cmd, log, _launcher_env(), echo=False)
+    with (stage or plain_stage(echo))("[bare] timing the same steps without the profiler "
+                                      "(output in gpudiag.log; --no-bare-run skips this)"):
+        code = run_logged(cmd, log, _launcher_env(), echo=False)
     path = run_dir / BARE_STATUS_NAME
     status = json.loads(path.read_text()) if path.exists() else {}
     if code != 0:

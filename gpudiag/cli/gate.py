@@ -11,7 +11,6 @@ import click
 
 from gpudiag.analysis import gate as gate_mod
 from gpudiag.cli.errors import UserError
-from gpudiag.reports import gate_formats
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -92,6 +91,8 @@ def gate(baseline: Path, current: Path, fmt: str, config_file: Path | None, allo
         gpudiag gate perf/baseline.json gpudiag-runs/train-20261121-101500
         gpudiag gate base/ new/ --format github --config perf/gate.toml
     """
+    from gpudiag.reports import gate_formats  # imports rich: here, so that --help starts fast
+
     config = load_config(config_file)
     try:
         base_metrics, base_env = gate_mod.load(*read_run(baseline))

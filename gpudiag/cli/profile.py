@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from gpudiag.capture import calibrate, nsys
 from gpudiag.capture.instrument import CaptureConfig, detect_step_mode
-from gpudiag.capture.run import STATUS_NAME, CaptureError, capture, capture_bare, capture_ncu
+from gpudiag.capture.run import STATUS_NAME, CaptureError, capture, capture_bare, capture_ncu, mark_interrupted
 from gpudiag.cli.errors import UserError
 from gpudiag.cli.options import AnalysisOptions, analysis_options
+from gpudiag.cli.progress import StageTracker, stage_display
 
 
 def _cached_calibration(export: Path, run_dir: Path) -> dict | None:
@@ -211,38 +214,110 @@ def profile(script: Path | None, script_args: tuple[str, ...], module: str | Non
         raise UserError(str(exc)) from None
     run_dir = run_dir or default_run_dir(Path(script.rsplit(".", 1)[-1]) if isinstance(script, str) else script)
     prepare_run_dir(run_dir, force)
+    job = Job(script, list(script_args), run_dir, config, nsys_exe, AnalysisOptions(options.steps_from, warmup),
+              no_bare_run, no_analysis, use_ncu, ncu_top, ncu_max_kernels, verify)
+    stage = StageTracker(stage_display())
+    try:
+        code = _capture_and_report(job, stage)
+    except KeyboardInterrupt as exc:  # Ctrl-C outside the capture (which handles its own), or a second one
+        code = _interrupted(run_dir, stage, exc)
+    raise SystemExit(code)
+
+
+@dataclass
+class Job:
+    """What ``gpudiag profile`` was asked to do, after its options were checked."""
+
+    script: Path | str
+    script_args: list[str]
+    run_dir: Path
+    config: CaptureConfig
+    nsys_exe: Path
+    analysis: AnalysisOptions
+    no_bare_run: bool
+    no_analysis: bool
+    use_ncu: bool
+    ncu_top: int
+    ncu_max_kernels: int
+    verify: bool
+
+
+def _capture_and_report(job: Job, stage: StageTracker) -> int:
+    """Bare run, capture, export, analysis, then --ncu and --verify; returns the exit code (the
+    script's, or 128 + the signal when Ctrl-C stopped the capture: then what was captured is still
+    exported and analysed, and nothing more runs)."""
+    run_dir = job.run_dir
     # The bare run goes first: measured on the H100, runs started right after an nsys capture were
     # 14-56 % slower than the same script run plainly before it (docs/notes/measurements.md).
-    bare = None if no_bare_run else capture_bare(script, list(script_args), run_dir, config, echo=click.echo)
+    bare = None if job.no_bare_run else capture_bare(job.script, job.script_args, run_dir, job.config,
+                                                     echo=click.echo, stage=stage)
     try:
-        result = capture(script, list(script_args), run_dir, config, nsys_exe, echo=click.echo)
+        result = capture(job.script, job.script_args, run_dir, job.config, job.nsys_exe, echo=click.echo, stage=stage)
     except CaptureError as exc:
         raise UserError(str(exc), exit_code=3) from None
     code = result.script_exit_code
-    if code != 0:
+    if result.interrupted:
+        result.status = mark_interrupted(run_dir, "profiling", result.interrupted.signum)
+        code = result.interrupted.exit_code
+    elif code != 0:
         click.secho(f"the script exited with code {code}; reporting what was captured up to then", fg="yellow")
     if bare is not None:
         _keep_bare_run(bare, run_dir, result.status)
-    if no_analysis:
+    if result.interrupted and not job.no_analysis:
+        return _analyse_interrupted(job, result, stage)
+    if job.no_analysis:
         click.echo(f"capture kept in {run_dir}; analyse it with: gpudiag report {run_dir}")
-        raise SystemExit(code)
+        return code
     from gpudiag.cli.report import analyse_and_report
 
-    click.echo("[3/3] analysing")
-    analysis = AnalysisOptions(options.steps_from, warmup)
     calibration = _cached_calibration(result.sqlite, run_dir)
-    report = analyse_and_report(result.sqlite, run_dir, analysis, status=result.status, calibration=calibration,
-                                top=max(20, ncu_top if use_ncu else 0))
+    with stage("[3/3] analysing"):
+        report = analyse_and_report(result.sqlite, run_dir, job.analysis, status=result.status,
+                                    calibration=calibration, top=max(20, job.ncu_top if job.use_ncu else 0))
     detail = report["steps"]["detail_step"]
-    if use_ncu and detail is not None and report["top_kernels"]:
-        names = [k["name"] for k in report["top_kernels"][:ncu_top]]
-        ncu_report = capture_ncu(script, list(script_args), run_dir, config, detail, names, ncu_max_kernels, echo=click.echo)
+    if job.use_ncu and detail is not None and report["top_kernels"]:
+        names = [k["name"] for k in report["top_kernels"][:job.ncu_top]]
+        ncu_report = capture_ncu(job.script, job.script_args, run_dir, job.config, detail, names, job.ncu_max_kernels,
+                                 echo=click.echo, stage=stage)
         if ncu_report is not None:
-            click.echo("[ncu] re-analysing with Nsight Compute measurements")
-            analyse_and_report(result.sqlite, run_dir, analysis, status=result.status, ncu=ncu_report,
-                               calibration=calibration)
-    elif use_ncu:
+            with stage("[ncu] re-analysing with Nsight Compute measurements"):
+                analyse_and_report(result.sqlite, run_dir, job.analysis, status=result.status, ncu=ncu_report,
+                                   calibration=calibration)
+    elif job.use_ncu:
         click.echo("--ncu skipped: no detail step with kernels (profile with op ranges and at least warm-up + 1 steps)")
-    if verify:
+    if job.verify:
         _verify(run_dir, echo=click.echo)
-    raise SystemExit(code)
+    return code
+
+
+def _analyse_interrupted(job: Job, result, stage: StageTracker) -> int:
+    """The report of a capture Ctrl-C stopped (no --ncu, no --verify: the user asked to stop).
+    A capture too short to analyse keeps its export; the exit code stays the interruption's."""
+    from gpudiag.cli.report import analyse_and_report
+
+    with stage("[3/3] analysing what was captured before the interruption"):
+        try:
+            analyse_and_report(result.sqlite, job.run_dir, job.analysis, status=result.status,
+                               calibration=_cached_calibration(result.sqlite, job.run_dir))
+        except UserError as exc:
+            click.secho(f"no report: {exc.message}; the export is kept in {result.sqlite}", fg="yellow", err=True)
+    click.secho(f"interrupted: the capture was stopped early; {job.run_dir / STATUS_NAME} records it", fg="yellow",
+                err=True)
+    return result.interrupted.exit_code
+
+
+def _interrupted(run_dir: Path, stage: StageTracker, exc: KeyboardInterrupt) -> int:
+    """Ctrl-C (or a second one) outside the capture: marks the run directory, removes report files
+    an interrupted analysis may have left half-written, says what is kept; returns 128 + signal."""
+    from gpudiag.cli.report import REPORT_FILES
+
+    signum = getattr(exc, "signum", signal.SIGINT)
+    where = f"{'during' if stage.running else 'after'} {stage.name}"
+    mark_interrupted(run_dir, where, signum)
+    if stage.running and stage.name.endswith("analysing"):
+        for name in REPORT_FILES:
+            (run_dir / name).unlink(missing_ok=True)
+    kept = sorted(p.name for p in run_dir.iterdir())
+    click.secho(f"\ninterrupted {where}; {run_dir} keeps {', '.join(kept)} ({STATUS_NAME} records "
+                "the interruption)", fg="yellow", err=True)
+    return getattr(exc, "exit_code", 128 + signum)
