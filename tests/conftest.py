@@ -39,6 +39,8 @@ EXPORTS = {
     "swin_t_train_bf16_dataflow": FIXTURES / "swin_t_train_bf16_dataflow.sqlite.xz",
     # the same at batch 128, GPU-bound (benchmarks/run_swin_batch128.sh)
     "swin_t_train_bf16_b128": FIXTURES / "swin_t_train_bf16_b128.sqlite.xz",
+    # the workload zoo (benchmarks/zoo, H100), with their script status next to them
+    **{f"zoo_{p.name.split('.')[0]}": p for p in sorted((FIXTURES / "zoo").glob("*.sqlite.xz"))},
 }
 NCU_REPORTS = {
     "mlp_decode": FIXTURES / "mlp_decode.ncu-rep.xz",  # gpudiag profile --ncu, same run as the export
@@ -71,6 +73,9 @@ def export_path(tmp_path_factory):
 
 def status_of(name: str) -> dict | None:
     path = FIXTURES / "status" / f"{name}.json"
+    zoo = FIXTURES / "zoo" / f"{name.removeprefix('zoo_')}.status.json.xz"
+    if name.startswith("zoo_") and zoo.exists():
+        return json.loads(lzma.open(zoo, "rt").read())
     return json.loads(path.read_text()) if path.exists() else None
 
 
