@@ -81,22 +81,24 @@ def _select(conn, table: str, wanted: dict[str, str], tables: set[str], missing:
     return pd.read_sql_query(f"SELECT {', '.join(parts)} FROM {table} {where}", conn)
 
 
-def _strings(conn, tables: set[str]) -> pd.Series:
-    if "StringIds" not in tables:
-        return pd.Series(dtype=object)
-    df = pd.read_sql_query("SELECT id, value FROM StringIds", conn)
-    return pd.Series(df["value"].values, index=df["id"].values)
+def _strings(conn, tables: set[str], missing: list[str], dropped: dict) -> pd.Series:
+    """StringIds as a Series text-by-id (ids that are NULL or given twice counted, see row_checks)."""
+    df = _select(conn, "StringIds", {"id": "id", "value": "value"}, tables, missing)
+    return row_checks.id_lookup(df["id"], df["value"], "StringIds", dropped)
 
 
-def _resolve(ids: pd.Series, strings: pd.Series) -> pd.Series:
-    return ids.map(strings) if len(strings) else pd.Series([None] * len(ids), index=ids.index, dtype=object)
+def _resolve(ids: pd.Series, strings: pd.Series, table: str = "names", dropped: dict | None = None,
+             placeholder: str | None = None) -> pd.Series:
+    """Names of ``ids``; ids missing from StringIds are counted under ``table`` in ``dropped``."""
+    return row_checks.resolve(ids, strings, table, "names not in StringIds (rows kept)",
+                              {} if dropped is None else dropped, placeholder)
 
 
 def _enum(conn, tables: set[str], table: str) -> pd.Series:
     if table not in tables:
         return pd.Series(dtype=object)
-    df = pd.read_sql_query(f"SELECT id, label FROM {table}", conn)
-    return pd.Series(df["label"].values, index=df["id"].values)
+    df = _select(conn, table, {"id": "id", "label": "label"}, tables, [])
+    return row_checks.id_lookup(df["id"], df["label"], table, {})
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
@@ -140,7 +142,7 @@ def open_export(path: Path) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)  # as_uri escapes # and ?
         tables = _tables(conn)
-    except sqlite3.DatabaseError:
+    except (sqlite3.DatabaseError, UnicodeDecodeError):  # a damaged schema page can hold any bytes
         raise ExportError(f"{path}: a damaged SQLite file; export the report again with: {_export_command(path)}") from None
     if not tables & {"CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "StringIds"}:
         conn.close()
@@ -165,13 +167,36 @@ def read_export(path: Path) -> NsysExport:
       devices: device_id, name, sm_count, memory_bandwidth_bytes_per_s, clock_rate_hz,
         l2_cache_bytes, total_memory_bytes, compute_major, compute_minor
       environment (dict): driver_version, cuda_driver_version, os, cpu, nsys_version where recorded
-    Raises :class:`ExportError` for a file that is not an nsys export.
+    Raises :class:`ExportError` for a file that is not an nsys export or whose pages are damaged.
+    Text that is not UTF-8 is read with U+FFFD in place of the bad bytes and counted.
     """
+    for lenient in (False, True):
+        try:
+            export = _read_export(path, lenient)
+            break
+        except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+            if not lenient and "decode" in str(exc):  # "Could not decode to UTF-8 column ...": read again
+                continue
+            raise ExportError(f"{path}: a damaged SQLite file ({str(exc).splitlines()[0][-120:]}); export the report "
+                              f"again with: {_export_command(path)}") from None
+    if not lenient:
+        return export
+    bad = sum(int(df[c].astype(str).str.contains("\ufffd", regex=False).sum())
+              for df, c in ((export.kernels, "name"), (export.runtime_api, "name"), (export.nvtx_ranges, "text")))
+    export.dropped.setdefault("text", {})["values with non-UTF-8 bytes, shown as \ufffd (rows kept)"] = bad or "some"
+    return export
+
+
+def _read_export(path: Path, lenient: bool) -> NsysExport:
+    """:func:`read_export`; with ``lenient``, undecodable text is read with U+FFFD."""
     conn = open_export(path)
+    if lenient:
+        conn.text_factory = lambda b: b.decode("utf-8", errors="replace")
     try:
         tables = _tables(conn)
         missing: list[str] = []
-        strings = _strings(conn, tables)
+        dropped: dict = {}
+        strings = _strings(conn, tables, missing, dropped)
 
         k = _select(conn, "CUPTI_ACTIVITY_KIND_KERNEL", {
             "start": "start_ns", "end": "end_ns", "deviceId": "device_id", "contextId": "context_id",
@@ -181,14 +206,13 @@ def read_export(path: Path) -> NsysExport:
             "registersPerThread": "registers_per_thread", "staticSharedMemory": "static_smem_bytes",
             "dynamicSharedMemory": "dynamic_smem_bytes", "localMemoryPerThread": "local_mem_per_thread_bytes",
             "graphNodeId": "graph_node_id"}, tables, missing)
-        dropped: dict = {}
         rows_read = {"kernels": len(k)}
-        k = row_checks.valid_times(k, "kernels", dropped, duration=True)
+        k = row_checks.drop_duplicates(row_checks.valid_times(k, "kernels", dropped, duration=True), "kernels", dropped)
         k = row_checks.numeric(k, "kernels", [c for c in k.columns if c.startswith(("grid_", "block_"))]
                                + ["device_id", "stream_id", "correlation_id", "global_pid", "registers_per_thread",
                                   "static_smem_bytes", "dynamic_smem_bytes", "local_mem_per_thread_bytes"], dropped)
-        k["name"] = _resolve(k.pop("name_id"), strings)
-        k["short_name"] = _resolve(k.pop("short_name_id"), strings)
+        k["name"] = _resolve(k.pop("name_id"), strings, "kernels", dropped, placeholder="unnamed kernel")
+        k["short_name"] = _resolve(k.pop("short_name_id"), strings).fillna(k["name"])
         k = k.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
         api_parts = []
@@ -200,13 +224,14 @@ def read_export(path: Path) -> NsysExport:
             part = _select(conn, table, {"start": "start_ns", "end": "end_ns", "globalTid": "global_tid",
                                          "correlationId": "correlation_id", "nameId": "name_id",
                                          "returnValue": "return_value"}, tables, missing)
-            part["name"] = _resolve(part.pop("name_id"), strings)
+            part["name"] = _resolve(part.pop("name_id"), strings, "runtime_api", dropped)
             api_parts.append(part)
         api = (pd.concat(api_parts, ignore_index=True) if api_parts else
                pd.DataFrame(columns=["start_ns", "end_ns", "global_tid", "correlation_id", "name", "return_value"]))
         rows_read["runtime_api"] = len(api)
         api = row_checks.numeric(row_checks.valid_times(api, "runtime_api", dropped), "runtime_api",
                                  ["global_tid", "correlation_id"], dropped)
+        api = row_checks.required(api, "runtime_api", ["global_tid"], dropped)
         api["global_pid"] = _pid_of(api["global_tid"])
 
         mc = _select(conn, "CUPTI_ACTIVITY_KIND_MEMCPY", {

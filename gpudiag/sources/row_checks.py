@@ -13,6 +13,11 @@ import pandas as pd
 
 NOT_A_TIME = "NULL or non-numeric start/end"
 END_BEFORE_START = "end before start"
+OUT_OF_RANGE = "start/end beyond 2**53 ns"
+DUPLICATES = "exact duplicate rows"
+# float64 holds integers exactly up to 2**53 (104 days in ns); the analysis computes in float64
+# in places, and no capture lasts that long, so a timestamp beyond it is damage, not data.
+MAX_TIME_NS = 2**53
 
 
 def valid_times(df: pd.DataFrame, table: str, dropped: dict[str, dict[str, int]],
@@ -27,12 +32,13 @@ def valid_times(df: pd.DataFrame, table: str, dropped: dict[str, dict[str, int]]
     end = pd.to_numeric(df["end_ns"], errors="coerce")
     # text that happens to parse as a float (e.g. '1.5e9') is not a timestamp nsys writes either
     not_time = start.isna() | end.isna() | (start % 1 != 0) | (end % 1 != 0)
-    backwards = ~not_time & (end < start)
-    counts = {NOT_A_TIME: int(not_time.sum()), END_BEFORE_START: int(backwards.sum())}
+    huge = ~not_time & ((start.abs() >= MAX_TIME_NS) | (end.abs() >= MAX_TIME_NS))
+    backwards = ~not_time & ~huge & (end < start)
+    counts = {NOT_A_TIME: int(not_time.sum()), OUT_OF_RANGE: int(huge.sum()), END_BEFORE_START: int(backwards.sum())}
     counts = {reason: n for reason, n in counts.items() if n}
     if counts:
-        dropped[table] = counts
-    keep = ~(not_time | backwards)
+        dropped.setdefault(table, {}).update(counts)
+    keep = ~(not_time | huge | backwards)
     out = df[keep].copy()
     out["start_ns"] = start[keep].astype("int64")
     out["end_ns"] = end[keep].astype("int64")
@@ -67,3 +73,66 @@ def numeric(df: pd.DataFrame, table: str, columns: list[str], dropped: dict[str,
     if repaired:
         dropped.setdefault(table, {})["non-numeric values set to NULL (rows kept)"] = repaired
     return out
+
+
+def drop_duplicates(df: pd.DataFrame, table: str, dropped: dict[str, dict[str, int]]) -> pd.DataFrame:
+    """``df`` without rows identical to an earlier one in every column (nsys records each kernel,
+    copy or call once; rows sharing only a correlation id are kept: CUDA graph replays do that)."""
+    if df.empty:
+        return df
+    dup = df.duplicated(keep="first")
+    if dup.any():
+        dropped.setdefault(table, {})[DUPLICATES] = int(dup.sum())
+        return df[~dup].reset_index(drop=True)
+    return df
+
+
+def id_lookup(ids: pd.Series, values: pd.Series, table: str, dropped: dict[str, dict[str, int]]) -> pd.Series:
+    """A Series value-by-id from an id -> value table (``StringIds``, ``ENUM_*``): rows whose id is
+    NULL or not an integer are left out, and of ids given twice the first row counts; both counted."""
+    key = pd.to_numeric(ids, errors="coerce")
+    bad = key.isna() | (key % 1 != 0) | (key.abs() >= 2**62)
+    not_text = values.map(lambda v: v is not None and not isinstance(v, str))
+    # a BLOB or number where text belongs: shown as text (bytes decoded, bad bytes as U+FFFD)
+    values = values.where(~not_text, values[not_text].map(
+        lambda v: v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)))
+    out = pd.Series(values[~bad].to_numpy(), index=key[~bad].astype("int64").to_numpy(), dtype=object)
+    dup = out.index.duplicated(keep="first")
+    counts = {"NULL or non-integer ids": int(bad.sum()), "duplicate ids (first kept)": int(dup.sum()),
+              "values that are not text (rows kept)": int(not_text.sum())}
+    counts = {reason: n for reason, n in counts.items() if n}
+    if counts:
+        dropped.setdefault(table, {}).update(counts)
+    return out[~dup]
+
+
+def resolve(ids: pd.Series, lookup: pd.Series, table: str, what: str, dropped: dict[str, dict[str, int]],
+            placeholder: str | None = None) -> pd.Series:
+    """``ids`` mapped through ``lookup`` (from :func:`id_lookup`); ids that are set but absent
+    from it resolve to NULL and are counted as ``what`` (e.g. "kernel names not in StringIds").
+    With ``placeholder``, a name that stays NULL becomes ``"<placeholder> (string id N)"``, so
+    every kernel keeps a name the report can show and group by."""
+    key = pd.to_numeric(ids, errors="coerce")
+    key = key.where((key % 1 == 0) & (key.abs() < 2**62)).astype("Int64")
+    out = key.map(lookup) if len(lookup) else pd.Series([None] * len(ids), index=ids.index, dtype=object)
+    unknown = int((ids.notna() & out.isna()).sum())
+    if unknown:
+        dropped.setdefault(table, {})[what] = unknown
+    out = out.astype(object).where(out.notna(), None)
+    if placeholder is not None:
+        named = [f"{placeholder} (string id {i})" if pd.notna(i) else placeholder for i in key[out.isna()]]
+        out[out.isna()] = named
+    return out
+
+
+def required(df: pd.DataFrame, table: str, columns: list[str], dropped: dict[str, dict[str, int]]) -> pd.DataFrame:
+    """``df`` without the rows that have NULL in any of ``columns`` (after :func:`numeric`): without
+    a thread or process id a row cannot be placed, so it is dropped and counted."""
+    present = [c for c in columns if c in df.columns]
+    if df.empty or not present:
+        return df
+    bad = df[present].isna().any(axis=1)
+    if bad.any():
+        dropped.setdefault(table, {})[f"NULL {'/'.join(present)}"] = int(bad.sum())
+        return df[~bad].reset_index(drop=True)
+    return df
