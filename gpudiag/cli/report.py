@@ -15,7 +15,7 @@ from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.run import analyse, ingest
 from gpudiag.capture.calibrate import CALIBRATION_NAME
 from gpudiag.capture.run import NCU_NAME, SQLITE_NAME, STATUS_NAME
-from gpudiag.cli.errors import UserError
+from gpudiag.cli.errors import UserError, commit, internal_error, make_output_folder, partial, write_atomically, written_or_removed
 from gpudiag.cli.options import AnalysisOptions, analysis_options
 from gpudiag.reports import html, json_report, terminal
 from gpudiag.sources.ncu import NcuError
@@ -89,30 +89,20 @@ def read_calibration(path: Path, gpu: str | None) -> dict:
 
 
 def write_reports(result: dict, out_dir: Path) -> None:
-    """report.json and report.html of ``result`` in ``out_dir``."""
-    json_report.write(result, out_dir / "report.json")
-    html.write(result, out_dir / "report.html")
-
-
-def _first_missing(path: Path) -> Path | None:
-    """The outermost of ``path`` and its parents that does not exist yet (what ``mkdir(parents=True)``
-    creates), or None when ``path`` exists."""
-    missing = None
-    for p in (path, *path.parents):
-        if p.exists():
-            break
-        missing = p
-    return missing
+    """report.json and report.html of ``result`` in ``out_dir``, each renamed into place only when
+    complete (a full disk leaves the old files or none)."""
+    write_atomically({out_dir / "report.json": json_report.to_json(result), out_dir / "report.html": html.render(result)})
 
 
 def _ingest_and_analyse(export: Path, out_dir: Path, options: AnalysisOptions, status: dict | None,
                         ncu: Path | None, calibration: dict | None, top: int) -> dict:
-    """The run database in ``out_dir`` and the analysis result; UserError naming the user's files."""
+    """The run database (under its partial name in ``out_dir``, see :func:`commit`) and the analysis
+    result; UserError naming the user's files."""
     with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
         source = _decompressed(export, Path(tmp))
         ncu_source = _decompressed(ncu, Path(tmp)) if ncu else None
         try:
-            db = ingest(source, out_dir / RUN_DB_NAME, source_name=export.name, ncu_path=ncu_source)
+            db = ingest(source, partial(out_dir / RUN_DB_NAME), source_name=export.name, ncu_path=ncu_source)
         except (ExportError, NcuError) as exc:
             # name the user's files, not the decompressed copies
             message = str(exc).replace(str(source), str(export))
@@ -123,6 +113,10 @@ def _ingest_and_analyse(export: Path, out_dir: Path, options: AnalysisOptions, s
                        top=top)
     except AnalysisError as exc:
         raise UserError(f"{export}: {exc}", exit_code=3) from None
+    except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # a bug, said in one line
+        raise internal_error(exc, export) from None
+    finally:
+        db.conn.close()
 
 
 def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, status: dict | None = None,
@@ -132,17 +126,11 @@ def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, st
     given, ``.ncu-rep`` or ``.ncu-rep.xz``) into ``out_dir``/run.sqlite, analyse it and write
     report.html and report.json there; prints the terminal summary (or the JSON). When it fails, the
     folders it created are removed again (a folder that existed before is left alone)."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"{out_dir}: exists and is not a directory; pass -o DIR with a directory path")
-    created = _first_missing(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
+    created = make_output_folder(out_dir)
+    with written_or_removed(out_dir, created):  # also Ctrl-C: a half-written report folder only misleads
         result = _ingest_and_analyse(export, out_dir, options, status, ncu, calibration, top)
         write_reports(result, out_dir)
-    except BaseException:  # also Ctrl-C: an empty or half-written report folder only misleads
-        if created is not None:
-            shutil.rmtree(created, ignore_errors=True)
-        raise
+        commit(out_dir / "run.sqlite")
     if as_json:
         click.echo(json_report.to_json(result))
     else:
