@@ -4,6 +4,7 @@ template with autoescaping on, so kernel names (``<``, ``>``, ``&``) are shown, 
 from __future__ import annotations
 
 import ast
+import functools
 import html
 import re
 from pathlib import Path
@@ -81,6 +82,7 @@ def evidence_text(text: str) -> str:
     return _ADDRESS.sub("", "".join(out))
 
 
+@functools.lru_cache(maxsize=1)  # compiling the template takes ~0.3 s; once per process is enough
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("gpudiag", "templates"),
