@@ -25,6 +25,27 @@ from gpudiag.kernels.bench import bench  # noqa: E402
 from gpudiag.kernels.registry import kernels  # noqa: E402
 
 
+def peak_bytes(name: str, shape, dtype) -> dict:
+    """Peak CUDA memory (bytes above the inputs) of one forward+backward, eager chain vs fused kernel:
+    the point of linear_cross_entropy, which never holds the [tokens, vocab] logits."""
+    import torch
+
+    kernel = kernels()[name]
+    inputs = kernel.make_inputs(tuple(shape), dtype, "cuda", torch.Generator().manual_seed(1))
+    inputs = [t.requires_grad_(True) if t.is_floating_point() else t for t in inputs]
+    out = {}
+    for label, fn in (("eager_peak_bytes", kernel.reference), ("fused_peak_bytes", kernel.fused)):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        ys = fn(*inputs)
+        ys = list(ys) if isinstance(ys, tuple) else [ys]
+        torch.autograd.grad(ys, [t for t in inputs if t.requires_grad], [torch.ones_like(y) for y in ys])
+        del ys
+        out[label] = torch.cuda.max_memory_allocated() - base
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="the first, middle and last shape only")
@@ -48,6 +69,9 @@ def main() -> None:
             for backward in (False, True):
                 try:
                     r = bench(name, shape, dtype=torch.bfloat16, backward=backward, copy_bytes_per_s=copy_rate)
+                    if backward:
+                        torch.cuda.empty_cache()
+                        r.update(peak_bytes(name, shape, torch.bfloat16))
                 except torch.OutOfMemoryError:
                     print(f"{name} {shape}: out of memory, skipped", flush=True)
                     continue
@@ -59,11 +83,14 @@ def main() -> None:
                         f.write(json.dumps(r) + "\n")
                 print(f"{name:9s} {shape} {'fwd+bwd' if backward else 'fwd':7s} eager {r['eager_ms']:.3f} ms  fused "
                       f"{r['fused_ms']:.3f} ms  compile {r['compiled_ms'] or float('nan'):.3f} ms  "
-                      f"{r['percent_of_copy_bandwidth'] or float('nan'):.0f} % of copy BW  err {r['max_rel_error']:.1e}", flush=True)
+                      f"{r['percent_of_copy_bandwidth'] or float('nan'):.0f} % of copy BW  err {r['max_rel_error']:.1e}"
+                      + (f"  peak {r['eager_peak_bytes'] / 2**20:.0f} -> {r['fused_peak_bytes'] / 2**20:.0f} MiB" if backward else ""),
+                      flush=True)
     table = pd.DataFrame(rows)
     table["shape"] = table["shape"].map(lambda s: "x".join(map(str, s)))
     table = table[["kernel", "shape", "backward", "eager_ms", "fused_ms", "compiled_ms", "speedup_vs_eager",
-                   "speedup_vs_compile", "percent_of_copy_bandwidth", "max_rel_error"]]
+                   "speedup_vs_compile", "percent_of_copy_bandwidth", "max_rel_error", "eager_peak_bytes",
+                   "fused_peak_bytes"]]
     text = table.to_markdown(index=False, floatfmt=".3g")
     print(text)
     if args.markdown:
