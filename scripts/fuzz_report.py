@@ -24,6 +24,7 @@ import argparse
 import collections
 import json
 import lzma
+import os
 import random
 import shutil
 import sqlite3
@@ -360,7 +361,9 @@ def fuzz(cases: int, seed: int = 0, fixtures: tuple[str, ...] = ("tiny_gemm_gelu
     warnings.simplefilter("default")  # a warning the CLI lets through must show up in its output
     counts: collections.Counter = collections.Counter()
     failures = []
-    with tempfile.TemporaryDirectory(prefix="gpudiag-fuzz-") as tmp:
+    # in memory where there is a tmpfs: SQLite's fsyncs on a disk would take most of the time
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix="gpudiag-fuzz-", dir=shm) as tmp:
         work = Path(tmp)
         bases = {f: decompressed(f, work) for f in fixtures}
         for i in range(cases):

@@ -60,7 +60,7 @@ def warning_lines(dropped: dict[str, dict[str, int]], totals: dict[str, int]) ->
 
 def numeric(df: pd.DataFrame, table: str, columns: list[str], dropped: dict[str, dict[str, int]]) -> pd.DataFrame:
     """``df`` with ``columns`` (launch configuration, ids, sizes) made numeric: a value that is not
-    a number becomes NULL (the row stays: its timing is good) and is counted as repaired."""
+    an integer within int64 becomes NULL (the row stays: its timing is good) and is counted as repaired."""
     present = [c for c in columns if c in df.columns]
     if df.empty or not present:
         return df
@@ -68,6 +68,8 @@ def numeric(df: pd.DataFrame, table: str, columns: list[str], dropped: dict[str,
     repaired = 0
     for c in present:
         values = pd.to_numeric(out[c], errors="coerce")
+        # these are integers in nsys (ids, counts, bytes): 1.5 or 1e300 is damage, not a value
+        values = values.where((values % 1 == 0) & (values.abs() < 2**63))
         repaired += int((values.isna() & out[c].notna()).sum())
         out[c] = values
     if repaired:
