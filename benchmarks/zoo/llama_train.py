@@ -3,6 +3,9 @@
     python benchmarks/zoo/llama_train.py --steps 20
     gpudiag profile benchmarks/zoo/llama_train.py -- --steps 20
     python benchmarks/zoo/llama_train.py --tiny --device cpu --steps 4      # smoke test
+    python benchmarks/zoo/llama_train.py --steps 20 --compile                 # the report's advice, applied:
+    python benchmarks/zoo/llama_train.py --steps 20 --fused-optimizer         #   one at a time, for the
+    python benchmarks/zoo/llama_train.py --steps 20 --gpudiag-kernels         #   before/after table
 
 ``LlamaForCausalLM`` from a ``LlamaConfig`` (8 layers, hidden 1024, intermediate 2816, 16 heads,
 vocab 32000), SDPA attention, batch 8 x 1024 tokens, bf16 autocast, AdamW (PyTorch's default
@@ -27,6 +30,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="2 layers, hidden 64: runs in seconds on a CPU")
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--compile", action="store_true", help="torch.compile(model)")
+    parser.add_argument("--fused-optimizer", action="store_true", help="AdamW(fused=True)")
+    parser.add_argument("--gpudiag-kernels", action="store_true", help="gpudiag.kernels.hf.apply(model)")
     args = parser.parse_args()
     batch = args.batch or (2 if args.tiny else 8)
     seq = args.seq or (32 if args.tiny else 1024)
@@ -42,12 +48,18 @@ def main() -> None:
                              attn_implementation="sdpa")
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, **({"fused": True} if args.fused_optimizer else {}))
+    if args.gpudiag_kernels:
+        from gpudiag.kernels import hf
+
+        print("gpudiag kernels:", hf.apply(model), flush=True)
+    forward = torch.compile(model) if args.compile else model
     data_gen = torch.Generator().manual_seed(1)  # CPU generator: the same tokens on every device
     input_ids = torch.randint(0, config.vocab_size, (batch, seq), generator=data_gen).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"llama_train: {n_params / 1e6:.1f}M parameters, batch {batch} x {seq} tokens, device {device}, "
-          f"attention {model.config._attn_implementation}", flush=True)
+          f"attention {model.config._attn_implementation}, compile {args.compile}, "
+          f"fused optimizer {args.fused_optimizer}, gpudiag kernels {args.gpudiag_kernels}", flush=True)
 
     timer = StepTimer(device)
     losses = []
@@ -55,7 +67,7 @@ def main() -> None:
         timer.start()
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-            loss = model(input_ids=input_ids, labels=input_ids).loss
+            loss = forward(input_ids=input_ids, labels=input_ids).loss
         loss.backward()
         optimizer.step()
         timer.stop()
