@@ -7,6 +7,7 @@ with a fake (meta) implementation that gives output shapes, dtypes and strides w
 anything, and ``register_autograd`` tying the two. Tensors the backward needs (per-row statistics)
 are outputs of the forward op, since a custom op keeps no state between calls.
 
+Swin's ops (scaled masked softmax, the window shuffles) are in :mod:`gpudiag.kernels.custom_ops_swin`.
 The public functions below (``rms_norm``, ``swiglu``, ...) take the same arguments as the drop-in
 functions in ``gpudiag.kernels.ops``. While Dynamo traces (``torch.compiler.is_compiling()``) they
 call the custom ops; in eager mode they call the ops' ``autograd.Function`` directly, because a
@@ -24,7 +25,6 @@ draws it): an ``int`` drawn while tracing would be a graph break or a constant o
 """
 
 import math
-from collections.abc import Sequence
 from typing import Optional
 
 import torch
@@ -36,9 +36,9 @@ from gpudiag.kernels.ops import bias_dropout_add as _bda
 from gpudiag.kernels.ops import bias_gelu as _bg
 from gpudiag.kernels.ops import cross_entropy as _ce
 from gpudiag.kernels.ops import glu as _glu
+from gpudiag.kernels.ops import linear_cross_entropy as _lce
 from gpudiag.kernels.ops import rms_norm as _rms
-from gpudiag.kernels.ops import softmax as _sm
-from gpudiag.kernels.ops import swin_window as _sw
+from gpudiag.kernels.ops import rope as _rope
 
 EAGER_USES_OPS = False  # True: eager calls go through the custom ops too (slower host side; for tests)
 
@@ -352,153 +352,98 @@ def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, labe
     return loss.to(out_dtype)
 
 
-# ----------------------------------------------------------------------------- Swin: scaled masked softmax
+# ----------------------------------------------------------------------------- RoPE (HF layout)
 
-@custom_op("gpudiag::scaled_masked_softmax", mutates_args=())
-def _sms_op(scores: Tensor, bias: Optional[Tensor], mask: Optional[Tensor], scale: float,
-            out_dtype: Optional[torch.dtype]) -> Tensor:
-    """softmax(scale·scores + bias[h] + mask[w]); see gpudiag.kernels.ops.softmax."""
-    return _sm.ScaledMaskedSoftmax.forward(_Ctx(), scores, bias, mask, scale, out_dtype)
-
-
-@custom_op("gpudiag::scaled_masked_softmax_backward", mutates_args=())
-def _sms_bwd_op(y: Tensor, dy: Tensor, bias: Optional[Tensor], mask: Optional[Tensor], scale: float,
-                scores_dtype: torch.dtype, need_bias: bool, need_mask: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(dscores, dbias, dmask); a gradient not asked for is an empty placeholder (ops return tensors)."""
-    meta = (scores_dtype, bias.dtype if bias is not None else None, mask.dtype if mask is not None else None,
-            mask.shape[0] if mask is not None else 1, scale)
-    ds, db, dm, _, _ = _sm.ScaledMaskedSoftmax.backward(_Ctx((y,), (True, need_bias, need_mask), meta=meta), dy)
-    return ds, db if need_bias else y.new_empty(0), dm if need_mask else y.new_empty(0)
+@custom_op("gpudiag::rope", mutates_args=())
+def _rope_op(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """(q_embed, k_embed) in q's and k's layout; see gpudiag.kernels.ops.rope."""
+    return _rope.rope_forward(q, k, cos, sin)
 
 
-_sms_op.register_fake(lambda scores, bias, mask, scale, out_dtype: scores.new_empty(
-    scores.shape, dtype=out_dtype or scores.dtype))
-_sms_bwd_op.register_fake(lambda y, dy, bias, mask, scale, scores_dtype, need_bias, need_mask: (
-    y.new_empty(y.shape, dtype=scores_dtype), bias.new_empty(bias.shape) if need_bias else y.new_empty(0),
-    mask.new_empty(mask.shape) if need_mask else y.new_empty(0)))
+@custom_op("gpudiag::rope_backward", mutates_args=())
+def _rope_bwd_op(dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor, q: Optional[Tensor],
+                 k: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dcos, dsin); dcos and dsin only when the forward's q and k are given, else empty placeholders."""
+    dq, dk, dcos, dsin = _rope.rope_backward(dq, dk, cos, sin, (q, k) if q is not None else None)
+    return dq, dk, *((dcos, dsin) if q is not None else (cos.new_empty(0), sin.new_empty(0)))
 
 
-def _sms_setup(ctx, inputs, output):
-    scores, bias, mask, ctx.scale, _ = inputs
-    ctx.save_for_backward(output, bias, mask)
-    ctx.scores_dtype = scores.dtype
+_rope_op.register_fake(lambda q, k, cos, sin: (torch.empty_like(q), torch.empty_like(k)))
+_rope_bwd_op.register_fake(lambda dq, dk, cos, sin, q, k: (
+    torch.empty_like(dq), torch.empty_like(dk), cos.new_empty(cos.shape if q is not None else 0),
+    sin.new_empty(sin.shape if q is not None else 0)))
 
 
-def _sms_backward(ctx, dy):
-    y, bias, mask = ctx.saved_tensors
-    need_bias = bias is not None and ctx.needs_input_grad[1]
-    need_mask = mask is not None and ctx.needs_input_grad[2]
-    ds, db, dm = torch.ops.gpudiag.scaled_masked_softmax_backward(y, dy, bias, mask, ctx.scale, ctx.scores_dtype,
-                                                                  need_bias, need_mask)
-    return ds, db if need_bias else None, dm if need_mask else None, None, None
+def _rope_setup(ctx, inputs, output):
+    q, k, cos, sin = inputs
+    ctx.with_dcs = cos.requires_grad or sin.requires_grad  # HF makes cos/sin under no_grad: usually not
+    ctx.save_for_backward(cos, sin, *((q, k) if ctx.with_dcs else (None, None)))
 
 
-_sms_op.register_autograd(_sms_backward, setup_context=_sms_setup)
+def _rope_backward(ctx, dq_out, dk_out):
+    dq, dk, dcos, dsin = torch.ops.gpudiag.rope_backward(dq_out, dk_out, *ctx.saved_tensors)
+    return dq, dk, *((dcos, dsin) if ctx.with_dcs else (None, None))
 
 
-def scaled_masked_softmax(scores: Tensor, bias: Optional[Tensor] = None, mask: Optional[Tensor] = None,
-                          scale: float = 1.0, out_dtype: Optional[torch.dtype] = None) -> Tensor:
-    """Fused ``softmax(scale·scores + bias[h] + mask[b_ mod nW], -1)``: scores [B_, heads, N_q, N_k],
-    bias [heads, N_q, N_k], mask [nW, N_q, N_k]; output in ``out_dtype`` (default scores'). Raises
-    ValueError on mismatched shapes."""
-    if _use_ops():
-        return torch.ops.gpudiag.scaled_masked_softmax(scores, bias, mask, float(scale), out_dtype)
-    return _sm.scaled_masked_softmax(scores, bias, mask, scale, out_dtype)
+_rope_op.register_autograd(_rope_backward, setup_context=_rope_setup)
 
 
-# ----------------------------------------------------------------------------- Swin: window shuffles
-
-@custom_op("gpudiag::ln_roll_partition", mutates_args=())
-def _lrp_op(x: Tensor, weight: Tensor, bias: Tensor, window: int, shift: int, eps: float,
-            out_dtype: Optional[torch.dtype]) -> tuple[Tensor, Tensor, Tensor]:
-    """(windows, mean, rstd (fp32, B·H·W)); see gpudiag.kernels.ops.swin_window."""
-    ctx = _Ctx()
-    y = _sw.LnRollPartition.forward(ctx, x, weight, bias, window, shift, eps, out_dtype)
-    return y, ctx.saved_tensors[2], ctx.saved_tensors[3]
+def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Fused HF ``apply_rotary_pos_emb(q, k, cos, sin)``: q [B, Hq, S, D], k [B, Hk, S, D], cos/sin
+    [B or 1, S, D], one dtype -> (q_embed, k_embed). Raises ValueError for other shapes or dtypes."""
+    return torch.ops.gpudiag.rope(q, k, cos, sin) if _use_ops() else _rope.rope(q, k, cos, sin)
 
 
-@custom_op("gpudiag::ln_roll_partition_backward", mutates_args=())
-def _lrp_bwd_op(x: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor, dy: Tensor, window: int,
-                shift: int) -> tuple[Tensor, Tensor, Tensor]:
-    ctx = _Ctx((x.contiguous(), weight.contiguous(), mean, rstd), geometry=(window, shift))
-    return _sw.LnRollPartition.backward(ctx, dy)[:3]
+# ----------------------------------------------------------------------------- linear + cross-entropy
+
+@custom_op("gpudiag::linear_cross_entropy", mutates_args=())
+def _lce_op(x: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], ignore_index: int,
+            label_smoothing: float, chunk_size: Optional[int], need_x: bool, need_weight: bool,
+            need_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(mean loss fp32 0-d, grad_x, grad_weight, grad_bias) of the mean loss, computed in the forward
+    (see gpudiag.kernels.ops.linear_cross_entropy); a gradient not asked for is an empty placeholder."""
+    with torch.autocast(x.device.type, enabled=False):  # autocast passes through custom ops: inputs are cast already
+        loss, *grads = _lce.linear_cross_entropy_forward(x, weight, target, bias, ignore_index, label_smoothing,
+                                                         chunk_size, (need_x, need_weight, need_bias))
+    return loss, *(g if g is not None else x.new_empty(0) for g in grads)
 
 
-@_lrp_op.register_fake
-def _(x, weight, bias, window, shift, eps, out_dtype):
-    b, h, w, c = x.shape
-    y = x.new_empty((b * h * w // (window * window), window * window, c), dtype=out_dtype or x.dtype)
-    return y, _per_row(x), _per_row(x)
+@_lce_op.register_fake
+def _(x, weight, target, bias, ignore_index, label_smoothing, chunk_size, need_x, need_weight, need_bias):
+    grads = ((need_x, x), (need_weight, weight), (need_bias and bias is not None, bias))
+    return x.new_empty((), dtype=torch.float32), *(t.new_empty(t.shape) if need else x.new_empty(0)
+                                                   for need, t in grads)
 
 
-_lrp_bwd_op.register_fake(lambda x, weight, mean, rstd, dy, window, shift: (
-    x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape)))
+def _lce_setup(ctx, inputs, output):
+    ctx.save_for_backward(*output[1:])
+    ctx.needs = inputs[7], inputs[8], inputs[9] and inputs[3] is not None
 
 
-def _lrp_setup(ctx, inputs, output):
-    x, weight, _, ctx.window, ctx.shift, _, _ = inputs
-    ctx.save_for_backward(x, weight, output[1], output[2])
+def _lce_backward(ctx, grad, *_):
+    grads = [g * grad.to(g.dtype) if need else None for g, need in zip(ctx.saved_tensors, ctx.needs)]
+    return grads[0], grads[1], None, grads[2], None, None, None, None, None, None
 
 
-def _lrp_backward(ctx, dy, _dmean, _drstd):
-    dx, dw, db = torch.ops.gpudiag.ln_roll_partition_backward(*ctx.saved_tensors, dy, ctx.window, ctx.shift)
-    return dx, dw, db, None, None, None, None
+_lce_op.register_autograd(_lce_backward, setup_context=_lce_setup)
 
 
-_lrp_op.register_autograd(_lrp_backward, setup_context=_lrp_setup)
-
-
-def ln_roll_partition(x: Tensor, weight: Tensor, bias: Tensor, window: int = 7, shift: int = 0, eps: float = 1e-5,
-                      out_dtype: Optional[torch.dtype] = None) -> Tensor:
-    """Fused ``window_partition(roll(layer_norm(x), -shift), window)``: x (B, H, W, C) -> windows
-    (B·H·W/window², window², C) in ``out_dtype``. Raises ValueError when H or W is not a multiple
-    of ``window`` or the weight does not match C."""
-    if _use_ops():
-        return torch.ops.gpudiag.ln_roll_partition(x, weight, bias, window, shift, float(eps), out_dtype)[0]
-    return _sw.ln_roll_partition(x, weight, bias, window, shift, eps, out_dtype)
-
-
-@custom_op("gpudiag::window_reverse_roll_add", mutates_args=())
-def _wrra_op(windows: Tensor, residual: Tensor, window: int, shift: int, sample_scale: Optional[Tensor]) -> Tensor:
-    """residual + sample_scale[b] · roll(window_reverse(windows), +shift); see gpudiag.kernels.ops.swin_window."""
-    return _sw.WindowReverseRollAdd.forward(_Ctx(), windows, residual, window, shift, sample_scale)
-
-
-@custom_op("gpudiag::window_reverse_roll_add_backward", mutates_args=())
-def _wrra_bwd_op(dout: Tensor, windows_shape: Sequence[int], windows_dtype: torch.dtype, window: int, shift: int,
-                 sample_scale: Optional[Tensor]) -> Tensor:
-    scale = sample_scale.reshape(-1).contiguous() if sample_scale is not None else None
-    ctx = _Ctx((scale,), geometry=(tuple(windows_shape), windows_dtype, window, shift, tuple(dout.shape)))
-    return _sw.WindowReverseRollAdd.backward(ctx, dout)[0]
-
-
-_wrra_op.register_fake(lambda windows, residual, window, shift, sample_scale: residual.new_empty(
-    residual.shape, dtype=torch.promote_types(windows.dtype, residual.dtype)))
-_wrra_bwd_op.register_fake(lambda dout, windows_shape, windows_dtype, window, shift, sample_scale: dout.new_empty(
-    windows_shape, dtype=windows_dtype))
-
-
-def _wrra_setup(ctx, inputs, output):
-    windows, residual, ctx.window, ctx.shift, sample_scale = inputs
-    ctx.save_for_backward(sample_scale)
-    ctx.windows_meta, ctx.residual_dtype = (windows.shape, windows.dtype), residual.dtype
-
-
-def _wrra_backward(ctx, dout):
-    (sample_scale,) = ctx.saved_tensors
-    shape, dtype = ctx.windows_meta
-    dwin = torch.ops.gpudiag.window_reverse_roll_add_backward(dout, shape, dtype, ctx.window, ctx.shift, sample_scale)
-    return dwin, dout.to(ctx.residual_dtype), None, None, None  # out = residual + ...: its gradient is dout
-
-
-_wrra_op.register_autograd(_wrra_backward, setup_context=_wrra_setup)
-
-
-def window_reverse_roll_add(windows: Tensor, residual: Tensor, window: int = 7, shift: int = 0,
-                            sample_scale: Optional[Tensor] = None) -> Tensor:
-    """Fused ``residual + sample_scale[b] · roll(window_reverse(windows), +shift)``: windows
-    (B·nW, window², C), residual (B, H, W, C) -> (B, H, W, C) in the promoted dtype;
-    ``sample_scale`` (B,) gets no gradient. Raises ValueError on mismatched shapes."""
-    if _use_ops():
-        return torch.ops.gpudiag.window_reverse_roll_add(windows, residual, window, shift, sample_scale)
-    return _sw.window_reverse_roll_add(windows, residual, window, shift, sample_scale)
+def linear_cross_entropy(x: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor] = None,
+                         ignore_index: int = -100, chunk_size: Optional[int] = None,
+                         label_smoothing: float = 0.0) -> Tensor:
+    """Fused ``F.cross_entropy(F.linear(x, weight, bias), target)`` (mean) without the [tokens, V]
+    logits: x [..., H], weight [V, H], bias [V] or None, target [...] -> 0-d loss in x's dtype (fp32
+    under autocast). Raises ValueError as gpudiag.kernels.ops.linear_cross_entropy does."""
+    if not _use_ops():
+        return _lce.linear_cross_entropy(x, weight, target, bias, ignore_index, chunk_size, label_smoothing)
+    _lce._check(x, weight, target, bias, "mean", label_smoothing, chunk_size)
+    out_dtype = x.dtype
+    if torch.is_autocast_enabled(x.device.type):
+        dtype, out_dtype = torch.get_autocast_dtype(x.device.type), torch.float32
+        x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype) if bias is not None else None
+    grad = torch.is_grad_enabled()
+    needs = [grad and t is not None and t.requires_grad for t in (x, weight, bias)]
+    loss = torch.ops.gpudiag.linear_cross_entropy(x.reshape(-1, x.shape[-1]).contiguous(), weight,
+                                                  target.reshape(-1).contiguous(), bias, int(ignore_index),
+                                                  float(label_smoothing), chunk_size, *needs)[0]
+    return loss.to(out_dtype)
