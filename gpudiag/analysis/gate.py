@@ -153,6 +153,8 @@ def baseline_from_report(report: dict) -> dict:
 def load(data: dict, origin: str) -> tuple[dict[str, Metric], dict]:
     """(metrics, environment) from a parsed report.json or baseline file. Raises :class:`GateError`
     (exit 3) when it is neither, or has no samples."""
+    if not isinstance(data, dict):  # a JSON list, string or number
+        raise GateError(f"{origin}: neither a gpudiag report.json nor a baseline file", exit_code=3)
     if data.get("gpudiag_baseline") == BASELINE_FORMAT:
         try:
             metrics = {name: Metric(name, m["unit"], [float(x) for x in m["samples"]], m.get("direction", "lower"))
@@ -162,9 +164,17 @@ def load(data: dict, origin: str) -> tuple[dict[str, Metric], dict]:
         return _renamed(metrics, origin), data.get("environment") or {}
     if "schema_version" in data and "steps" in data:
         try:
-            return metrics_from_report(data), environment_of(data)
+            metrics, env = metrics_from_report(data), environment_of(data)
         except GateError as exc:
             raise GateError(f"{origin}: {exc}", exit_code=3) from None
+        except (KeyError, TypeError, ValueError, AttributeError):  # an edited or damaged report.json
+            metrics, env = {"step": Metric("step", "", [None])}, {}
+        bad = [m.name for m in metrics.values()
+               if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in m.samples)]
+        if bad:
+            raise GateError(f"{origin}: per_step_metrics holds {bad[0]} values that are not numbers (a damaged or "
+                            "edited report.json); re-run 'gpudiag report' on the run", exit_code=3)
+        return metrics, env
     raise GateError(f"{origin}: neither a gpudiag report.json nor a baseline file", exit_code=3)
 
 
