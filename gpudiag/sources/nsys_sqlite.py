@@ -207,7 +207,8 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
             "dynamicSharedMemory": "dynamic_smem_bytes", "localMemoryPerThread": "local_mem_per_thread_bytes",
             "graphNodeId": "graph_node_id"}, tables, missing)
         rows_read = {"kernels": len(k)}
-        k = row_checks.drop_duplicates(row_checks.valid_times(k, "kernels", dropped, duration=True), "kernels", dropped)
+        k = row_checks.drop_duplicates(row_checks.valid_times(k, "kernels", dropped, duration=True, zero_is_odd=True),
+                                       "kernels", dropped)
         k = row_checks.numeric(k, "kernels", [c for c in k.columns if c.startswith(("grid_", "block_"))]
                                + ["device_id", "stream_id", "correlation_id", "global_pid", "registers_per_thread",
                                   "static_smem_bytes", "dynamic_smem_bytes", "local_mem_per_thread_bytes"], dropped)
@@ -279,6 +280,7 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
             "memoryBandwidth": "memory_bandwidth_bytes_per_s", "clockRate": "clock_rate_hz",
             "l2CacheSize": "l2_cache_bytes", "totalMemory": "total_memory_bytes",
             "computeMajor": "compute_major", "computeMinor": "compute_minor"}, tables, missing)
+        dev = row_checks.unique_ids(dev, "devices", "device_id", dropped)
         return NsysExport(path=path, kernels=k, runtime_api=api, memcpy=mc, memset=ms, sync=sy,
                           nvtx_ranges=nv, devices=dev, environment=_environment(conn, tables), missing=missing,
                           dropped=dropped, rows_read=rows_read)

@@ -15,16 +15,18 @@ NOT_A_TIME = "NULL or non-numeric start/end"
 END_BEFORE_START = "end before start"
 OUT_OF_RANGE = "start/end beyond 2**53 ns"
 DUPLICATES = "exact duplicate rows"
+ZERO_DURATION = "zero duration (rows kept)"
 # float64 holds integers exactly up to 2**53 (104 days in ns); the analysis computes in float64
 # in places, and no capture lasts that long, so a timestamp beyond it is damage, not data.
 MAX_TIME_NS = 2**53
 
 
 def valid_times(df: pd.DataFrame, table: str, dropped: dict[str, dict[str, int]],
-                duration: bool = False) -> pd.DataFrame:
+                duration: bool = False, zero_is_odd: bool = False) -> pd.DataFrame:
     """``df`` without the rows whose ``start_ns``/``end_ns`` are not integers or run backwards;
     the timestamps become int64, and with ``duration`` a ``duration_ns`` column (end - start) is
-    added. Counts go into ``dropped[table][reason]``. A frame without the two columns (a table
+    added. With ``zero_is_odd``, rows with end = start are kept but counted (no kernel takes 0 ns;
+    a capture full of them is edited). Counts go into ``dropped[table][reason]``. A frame without the two columns (a table
     missing from the export) is returned as is."""
     if not {"start_ns", "end_ns"} <= set(df.columns):
         return df
@@ -34,7 +36,8 @@ def valid_times(df: pd.DataFrame, table: str, dropped: dict[str, dict[str, int]]
     not_time = start.isna() | end.isna() | (start % 1 != 0) | (end % 1 != 0)
     huge = ~not_time & ((start.abs() >= MAX_TIME_NS) | (end.abs() >= MAX_TIME_NS))
     backwards = ~not_time & ~huge & (end < start)
-    counts = {NOT_A_TIME: int(not_time.sum()), OUT_OF_RANGE: int(huge.sum()), END_BEFORE_START: int(backwards.sum())}
+    counts = {NOT_A_TIME: int(not_time.sum()), OUT_OF_RANGE: int(huge.sum()), END_BEFORE_START: int(backwards.sum()),
+              ZERO_DURATION: int((~not_time & (end == start)).sum()) if zero_is_odd else 0}
     counts = {reason: n for reason, n in counts.items() if n}
     if counts:
         dropped.setdefault(table, {}).update(counts)
@@ -137,4 +140,16 @@ def required(df: pd.DataFrame, table: str, columns: list[str], dropped: dict[str
     if bad.any():
         dropped.setdefault(table, {})[f"NULL {'/'.join(present)}"] = int(bad.sum())
         return df[~bad].reset_index(drop=True)
+    return df
+
+
+def unique_ids(df: pd.DataFrame, table: str, column: str, dropped: dict[str, dict[str, int]]) -> pd.DataFrame:
+    """``df`` with one row per ``column`` value (the first; e.g. one ``TARGET_INFO_GPU`` row per
+    device id), the others counted."""
+    if df.empty or column not in df.columns:
+        return df
+    dup = df[column].duplicated(keep="first") & df[column].notna()
+    if dup.any():
+        dropped.setdefault(table, {})[f"duplicate {column} (first kept)"] = int(dup.sum())
+        return df[~dup].reset_index(drop=True)
     return df
