@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         status["exception"] = "KeyboardInterrupt: interrupted with Ctrl-C (SIGINT)"
         status["traceback"] = traceback.format_exc()
         status["interrupted"] = True
-        traceback.print_exc()
+        print("KeyboardInterrupt: the script was stopped (Ctrl-C)", file=sys.stderr)  # no traceback: asked for
     except BaseException as exc:  # noqa: BLE001 - the user's crash is data, reported later
         code = 1
         status["exception"] = f"{type(exc).__name__}: {exc}"

@@ -43,7 +43,7 @@ def locate_tool(tool: str, explicit: tuple[tuple[str | None, str], ...], known_g
         if candidate:
             path = Path(candidate)
             if path.is_file() and os.access(path, os.X_OK):
-                return path
+                return path.absolute()  # "./nsys" would become "nsys", which Popen looks up on PATH
             raise ToolNotFound(f"{origin} {candidate}: not an executable file; {hint}")
     found = shutil.which(tool)
     if found:

@@ -70,15 +70,17 @@ def plain_stage(echo=print):
     return stage
 
 
-def mark_interrupted(run_dir: Path, stage: str, signum: int = signal.SIGINT) -> dict:
+def mark_interrupted(run_dir: Path, stage: str, signum: int = signal.SIGINT, finished: bool = False) -> dict:
     """Record in the run's ``script_status.json`` (created if the launcher wrote none) that
-    ``gpudiag profile`` was interrupted during ``stage``; returns the updated status."""
+    ``gpudiag profile`` was interrupted by ``signum`` during ``stage`` (after it, when
+    ``finished``); returns the updated status."""
     path = run_dir / STATUS_NAME
     try:
         status = json.loads(path.read_text()) if path.exists() else {}
     except ValueError:  # written half when the launcher itself was killed
         status = {}
-    status["interrupted"] = {"stage": stage, "signal": signal.Signals(signum).name, "unix_s": time.time()}
+    status["interrupted"] = {"stage": stage, "stage_finished": finished, "signal": signal.Signals(signum).name,
+                             "unix_s": time.time()}
     path.write_text(json.dumps(status, indent=1))
     return status
 
@@ -140,6 +142,8 @@ def capture(script: Path, script_args: list[str], run_dir: Path, config: Capture
             run_logged(nsys.profile_command(nsys_path, run_dir / REPORT_BASE, launcher_args), log, _launcher_env())
         except Interrupted as exc:
             interrupted = exc
+        except OSError as exc:  # e.g. a script whose interpreter is missing passed as --nsys
+            raise CaptureError(f"{nsys_path}: cannot be run ({exc.strerror or exc}); {nsys.INSTALL_HINT}") from None
     status = json.loads(status_path.read_text()) if status_path.exists() else {}
     report = run_dir / (REPORT_BASE + ".nsys-rep")
     if not report.exists():

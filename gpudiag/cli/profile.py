@@ -313,7 +313,7 @@ def _interrupted(run_dir: Path, stage: StageTracker, exc: KeyboardInterrupt) -> 
 
     signum = getattr(exc, "signum", signal.SIGINT)
     where = f"{'during' if stage.running else 'after'} {stage.name}"
-    mark_interrupted(run_dir, where, signum)
+    mark_interrupted(run_dir, stage.name, signum, finished=not stage.running)
     if stage.running and stage.name.endswith("analysing"):
         for name in REPORT_FILES:
             (run_dir / name).unlink(missing_ok=True)
