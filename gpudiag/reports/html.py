@@ -117,7 +117,8 @@ def top_kernels_chart(result: dict, top: int = 10) -> str:
     kernels = list(reversed(result["top_kernels"][:top]))
     fig = go.Figure(go.Bar(
         x=[k["time_ns_per_step"] / 1e3 for k in kernels],
-        y=[f"{i}. {shorten(k['label'], 60)}" for i, k in zip(range(len(kernels), 0, -1), kernels)],
+        # escaped: plotly turns <b>, <a href>, <br> in labels into SVG elements (entities show as text)
+        y=[html.escape(f"{i}. {shorten(k['label'], 60)}") for i, k in zip(range(len(kernels), 0, -1), kernels)],
         orientation="h", marker_color=[CLASS_COLORS.get(k["kernel_class"], "#888") for k in kernels],
         hovertext=[f"{k['family']} · {k['kernel_class']} ({k['evidence']})" for k in kernels]))
     fig.update_layout(height=40 + 28 * len(kernels), margin=dict(l=10, r=10, t=30, b=40),
