@@ -186,7 +186,8 @@ def profile(script: Path | None, script_args: tuple[str, ...], module: str | Non
     """Profile SCRIPT on this GPU and write a run directory with report.html and report.json.
 
     Arguments after ``--`` go to the script; its exit code becomes gpudiag's. If the script
-    crashes, what was captured up to the crash is still exported and reported.
+    crashes, what was captured up to the crash is still exported and reported; so it is after
+    Ctrl-C, which stops the capture (exit code 130; a second Ctrl-C aborts at once).
 
     \b
     Example:
