@@ -207,3 +207,38 @@ def test_apply_refuses_a_model_without_swin_blocks(swin):
 
     with pytest.raises(ValueError, match="has no timm SwinTransformerBlock"):
         timm_swin.apply(nn.Linear(4, 4))
+
+
+def test_patched_timm_swin_compiles_without_graph_break_and_matches_eager(swin):
+    """Under torch.compile the patch calls gpudiag's custom ops (torch.ops.gpudiag.*): no graph break
+    (the autograd Functions it called before crashed Dynamo's fake-tensor trace in Triton's
+    interpreter), the ops in the graph, and the eager patched model's loss and gradients."""
+    from gpudiag.kernels import timm_swin
+
+    model = timm_swin.apply(_tiny_swin(swin, drop_path_rate=0.6).train())
+    gen = torch.Generator().manual_seed(1)
+    images, labels = torch.randn(4, 3, 56, 56, generator=gen), torch.randint(0, 5, (4,), generator=gen)
+
+    def run(fn):
+        model.zero_grad()
+        torch.manual_seed(2)  # the same DropPath draws in both runs
+        loss = torch.nn.functional.cross_entropy(fn(images), labels)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    want = run(model)
+    targets = set()
+
+    def backend(gm, example_inputs):
+        targets.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    got = run(torch.compile(model, backend=backend))
+    assert not torch._dynamo.utils.counters["graph_break"]
+    assert {t.split(".")[1] for t in targets if t.startswith("gpudiag.")} == {
+        "ln_roll_partition", "scaled_masked_softmax", "window_reverse_roll_add", "bias_dropout_add"}
+    assert _rel(got[0], want[0]) < 1e-5
+    for name, g, w in zip([n for n, _ in model.named_parameters()], got[1], want[1]):
+        assert _rel(g, w) < 1e-5, name

@@ -9,7 +9,8 @@ Per block (``SwinTransformerBlock``):
 - window reverse + roll(+shift) + DropPath + residual add -> :func:`window_reverse_roll_add`;
 - the MLP branch's DropPath + residual add -> :func:`drop_path_add`.
 GEMMs, GELU and the MLP's LayerNorm stay as they are. Blocks whose grid is not a multiple of the
-window (timm pads them) keep timm's code.
+window (timm pads them) keep timm's code. The fused functions are gpudiag's custom ops, so the
+patched model compiles with ``torch.compile`` without a graph break.
 
     import timm
     from gpudiag.kernels.timm_swin import apply
@@ -22,9 +23,10 @@ import types
 
 import torch
 
-from gpudiag.kernels.ops.bias_dropout_add import drop_path_add
-from gpudiag.kernels.ops.softmax import scaled_masked_softmax
-from gpudiag.kernels.ops.swin_window import ln_roll_partition, window_reverse_roll_add
+# The custom-op wrappers: the same autograd Functions in eager mode, torch.ops.gpudiag.* under
+# torch.compile (no graph break; see gpudiag.kernels.custom_ops).
+from gpudiag.kernels.custom_ops import drop_path_add
+from gpudiag.kernels.custom_ops_swin import ln_roll_partition, scaled_masked_softmax, window_reverse_roll_add
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
