@@ -84,7 +84,8 @@ def main() -> None:
                 print(f"{name:9s} {shape} {'fwd+bwd' if backward else 'fwd':7s} eager {r['eager_ms']:.3f} ms  fused "
                       f"{r['fused_ms']:.3f} ms  compile {r['compiled_ms'] or float('nan'):.3f} ms  "
                       f"{r['percent_of_copy_bandwidth'] or float('nan'):.0f} % of copy BW  err {r['max_rel_error']:.1e}"
-                      + (f"  peak {r['eager_peak_bytes'] / 2**20:.0f} -> {r['fused_peak_bytes'] / 2**20:.0f} MiB" if backward else ""),
+                      + (f"  peak {r['eager_peak_bytes'] / 2**20:.0f} -> {r['fused_peak_bytes'] / 2**20:.0f} MiB"
+                         if backward else ""),
                       flush=True)
     table = pd.DataFrame(rows)
     table["shape"] = table["shape"].map(lambda s: "x".join(map(str, s)))

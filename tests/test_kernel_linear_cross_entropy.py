@@ -154,7 +154,8 @@ def test_autocast_casts_like_eager_and_returns_fp32():
     """fp32 x, weight and bias under bf16 autocast: eager's linear runs in bf16 and its cross_entropy
     in fp32; so does the fused op, with fp32 gradients for the fp32 leaves."""
     gen = torch.Generator().manual_seed(13)
-    leaves = [torch.randn(10, 16, generator=gen), torch.randn(64, 16, generator=gen) / 4, torch.randn(64, generator=gen)]
+    leaves = [torch.randn(10, 16, generator=gen), torch.randn(64, 16, generator=gen) / 4,
+              torch.randn(64, generator=gen)]
     target = torch.randint(0, 64, (10,), generator=gen)
     ins = [t.clone().requires_grad_(True) for t in leaves]
     refs = [t.clone().requires_grad_(True) for t in leaves]

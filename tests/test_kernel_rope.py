@@ -51,7 +51,7 @@ def check(q, k, cos, sin, dtype, grads_of_cos=True, gen=None):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(2, 4, 7, 8, 4), (2, 6, 5, 10, 2), (3, 5, 9, 96, 1), (1, 3, 1, 2, 3)],
+@pytest.mark.parametrize("shape", [(2, 4, 7, 8, 4), (2, 6, 5, 10, 2), (3, 5, 3, 96, 1), (1, 3, 1, 2, 3)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_matches_transformers_with_gqa_and_random_cos_sin(dtype, shape):
     """B, Hq, S, D, Hk: GQA 2:1 and 3:1, multi-query (one key head), odd heads and positions, D not
@@ -80,6 +80,21 @@ def test_cos_sin_from_hf_rotary_embedding(dtype):
     q, k = hf_view(2, seq, 4, dim, dtype, gen), hf_view(2, seq, 2, dim, dtype, gen)
     q_out, _ = check(q, k, cos, sin, dtype, grads_of_cos=False, gen=gen)
     assert not torch.equal(q_out[0], q_out[1]) or torch.equal(q[0], q[1])  # the two samples' positions differ
+
+
+def test_q_and_k_sliced_from_one_fused_qkv_projection():
+    """Models with one qkv GEMM (GPT-NeoX, Phi) slice q and k out of it: views that are neither
+    contiguous nor dense (gaps between heads); the outputs are fresh dense tensors in q's dimension order."""
+    gen = torch.Generator().manual_seed(4)
+    batch, seq, heads, kv_heads, dim = 2, 7, 4, 2, 12
+    qkv = torch.randn(batch, seq, (heads + 2 * kv_heads) * dim, generator=gen)
+    q = qkv[..., : heads * dim].view(batch, seq, heads, dim).transpose(1, 2)
+    k = qkv[..., heads * dim: (heads + kv_heads) * dim].view(batch, seq, kv_heads, dim).transpose(1, 2)
+    cos, sin = torch.randn(1, seq, dim, generator=gen), torch.randn(1, seq, dim, generator=gen)
+    outs = rp.rope(q, k, cos, sin)
+    for out, ref in zip(outs, llama.apply_rotary_pos_emb(q.double(), k.double(), cos.double(), sin.double())):
+        assert rel(out, ref) < 1e-6
+    assert outs[0].stride() == (seq * heads * dim, dim, heads * dim, 1)  # [B, S, H, D] memory, as q's
 
 
 def test_backward_saves_q_and_k_only_for_cos_sin_gradients():

@@ -101,7 +101,8 @@ def _check(x, weight, target, bias, reduction, label_smoothing, chunk_size) -> N
     if x.dim() < 1 or weight.dim() != 2 or weight.shape[1] != x.shape[-1] or (
             bias is not None and bias.shape != (weight.shape[0],)):
         raise ValueError(f"x {tuple(x.shape)}, weight {tuple(weight.shape)} and bias "
-                         f"{None if bias is None else tuple(bias.shape)} must be [..., H], [V, H] and [V] (nn.Linear's)")
+                         f"{None if bias is None else tuple(bias.shape)} must be [..., H], [V, H] and [V] "
+                         "(nn.Linear's)")
     if target.is_floating_point() or target.shape != x.shape[:-1]:
         raise ValueError(f"target must hold class indices of shape {tuple(x.shape[:-1])} (x's leading dimensions), "
                          f"got {target.dtype} {tuple(target.shape)}")
@@ -149,7 +150,8 @@ def reference(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias:
 def _inputs(shape, dtype, device, gen):
     tokens, hidden, vocab = shape
     x = randn((tokens, hidden), dtype, device, gen)
-    weight = randn((vocab, hidden), dtype, device, gen, scale=hidden ** -0.5 * 2)  # logits of spread ~2, as trained heads
+    # logits of spread ~2, as trained heads give
+    weight = randn((vocab, hidden), dtype, device, gen, scale=hidden ** -0.5 * 2)
     target = torch.randint(0, vocab, (tokens,), generator=gen, dtype=torch.int64)
     if tokens > 2:  # a few padding positions, as in packed language-model batches
         target[torch.randperm(tokens, generator=gen)[: max(1, tokens // 8)]] = -100

@@ -132,7 +132,8 @@ def _launch(q, k, cos, sin, q_out, k_out, backward: bool, saved=None) -> tuple[t
     return dcs
 
 
-def rope_forward(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_forward(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q_embed, k_embed) for q [B, Hq, S, D], k [B, Hk, S, D] (any strides) and cos/sin [B or 1, S, D]
     (or [S, D]), all of one dtype; outputs in q's and k's layout. Raises ValueError for other shapes,
     an odd D or mixed dtypes."""
@@ -178,7 +179,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
     return RoPEFunction.apply(q, k, cos, sin)
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The eager chain the kernel replaces, as transformers' Llama writes it (cos/sin unsqueezed at dim 1)."""
 
     def rotate_half(x):
@@ -188,7 +190,8 @@ def reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
-def hf_cos_sin(batch: int, seq: int, dim: int, dtype, device, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+def hf_cos_sin(batch: int, seq: int, dim: int, dtype, device,
+               base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [batch, seq, dim] as HF's default LlamaRotaryEmbedding makes them for positions 0..seq-1."""
     inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
     freqs = torch.arange(seq, dtype=torch.float32)[:, None] * inv_freq
