@@ -61,6 +61,10 @@ REFERENCE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("bias_dropout_add", r"aten::add aten::native_dropout aten::add"),  # Megatron: bias-free GEMM, bias, dropout, residual
     ("bias_dropout_add", r"aten::bernoulli_ (aten::div_ )?aten::mul aten::add"),  # timm DropPath + residual: drop_path_add
     ("bias_dropout_add", r"aten::native_dropout aten::add"),  # GPT-2 (HF): dropout + residual, the bias inside addmm
+    # HF causal-LM loss (ForCausalLMLoss: upcast the logits, pad-shift the labels, log-softmax, NLL):
+    # the LM head's logits feed it, so the chunked linear + cross-entropy that never materializes
+    # them is the kernel to use (its memory win is the point; the GEMM stays outside the group)
+    ("linear_cross_entropy", r"aten::_to_copy aten::constant_pad_nd aten::clone aten::_log_softmax (aten::_to_copy )?aten::nll_loss_forward"),
     ("cross_entropy", r"aten::_log_softmax (aten::_to_copy )?aten::nll_loss_forward"),
     ("cross_entropy", r"aten::nll_loss_backward (aten::_to_copy )?aten::_log_softmax_backward_data"),
     ("bias_gelu", r"aten::pow aten::mul aten::add aten::mul aten::tanh aten::add aten::mul"),  # tanh GELU, e.g. GPT-2
