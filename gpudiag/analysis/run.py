@@ -23,6 +23,7 @@ from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.classify import classify
 from gpudiag.analysis.families import kernel_label
 from gpudiag.analysis.fusion import fusion_candidates, mark_host_bound, saving_by_kernel
+from gpudiag.analysis.kernel_sequence import kernel_sequence_candidates
 from gpudiag.analysis.compiled import attribute_compiled
 from gpudiag.analysis.launches import in_measured_steps, launch_counts
 from gpudiag.analysis.representative import apply_bare_run
@@ -347,6 +348,9 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     recommendations = _recommendations(km, detail, idle, runtime_api, api_m, memcpy, steps, measured_ids, n, step_ns,
                                        device_peaks, ncu) if n else []
     all_candidates = fusion_candidates(detail, device_peaks, top=None, op_payloads=payloads.tolist() if len(payloads) else None)
+    fusion_source = "op_dataflow"
+    if not all_candidates and not (k["op_call"] >= 0).any():  # no op ranges: the kernel sequence alone (lower confidence)
+        all_candidates, fusion_source = kernel_sequence_candidates(km, device_peaks, n, top=None), "kernel_sequence"
     candidates = all_candidates[:10]
     fusion_note = mark_host_bound(candidates, recommendations)
     module_texts = nvtx["text"].dropna()
@@ -418,6 +422,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "fusion_candidates": candidates,
         "fusion_saving_by_kernel": saving_by_kernel(all_candidates),
         "fusion_note": fusion_note,
+        "fusion_source": fusion_source,
         "operator_classes": _operator_classes(km) if n else [],
         "roofline_points": (points := _roofline_points(km, n)) if n else [],
         "below_roof": sorted([p for p in (points if n else []) if p["lost_ns_per_step"] is not None],
