@@ -177,7 +177,8 @@ def test_summary_reports_optimizer_mode_and_completed_steps(optimizer_capture):
     assert set(summary.pop("step_wall_ns")) == {"1", "2", "3"} and summary.pop("step_gpu_ns") == {}
     assert summary == {"step_mode": "optimizer", "steps_completed": 4, "detail_step": 1, "warmup_steps": 1,
                        "peak_memory_bytes_per_step": {},  # no CUDA on this machine: nothing to record
-                       "compile": None}  # torch.compile never used
+                       "compile": None,  # torch.compile never used
+                       "cudnn_benchmark": False, "autocast_dtype": "off"}  # PyTorch's defaults, no autocast
 
 
 def test_step_ranges_cover_the_loop_and_last_one_is_the_tail(optimizer_capture):

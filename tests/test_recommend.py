@@ -11,7 +11,6 @@ POSITIVE_NEGATIVE = {
     "GD-FP32-MATMUL": ("swin_t_train_fp32", "swin_t_train_bf16"),
     "GD-GEMM-ALIGN": ("gpt2_train_bf16", "mlp_decode"),
     "GD-OVERHEAD-BOUND": ("mlp_decode", "gpt2_train_bf16"),
-    "GD-HOST-SYNC": ("input_pipeline_bad", "input_pipeline_good"),
     "GD-PAGEABLE-COPY": ("input_pipeline_bad", "input_pipeline_good"),
     "GD-INPUT-STALL": ("input_pipeline_bad", "swin_t_train_bf16"),
     "GD-UNFUSED-OPTIMIZER": ("gpt2_train_bf16", "input_pipeline_good"),  # AdamW foreach vs fused=True
@@ -48,15 +47,17 @@ def test_recommendations_are_sorted_by_saving(analysed):
 
 def test_predicted_savings_match_the_fixed_run(analysed):
     """The bad-practice run's recommendations predict what fixing them saves: the good-practice run
-    of the same model (workers, pinned memory, no .item(), fused AdamW) is 37.7 ms/step faster on
-    the H200 (means: 42.0 -> 4.3 ms); the rules fired on the bad run predict 38.7 ms. Within 10 %.
-    (The savings of these rules do not overlap: the sync rule excludes idle before the first kernel.)"""
+    of the same model (workers, pinned memory, no .item(), fused AdamW) is 28.2 ms/step faster on
+    the H200 in the steady state (means without outlier steps: 31.9 -> 3.6 ms); the rules fired on
+    the bad run predict 28.5 ms. Within 10 %. (The savings of these rules do not overlap: the sync
+    rule excludes idle before the first kernel. The bad run's three data-loader stalls of 1.5-2.3x
+    the median step are its outlier steps, reported on their own.)"""
     _, bad = analysed("input_pipeline_bad")
     _, good = analysed("input_pipeline_good")
     fixed = {"GD-INPUT-STALL", "GD-HOST-SYNC", "GD-PAGEABLE-COPY", "GD-UNFUSED-OPTIMIZER"}
     predicted = sum(r["saving_ns_per_step"] for r in bad["recommendations"] if r["rule_id"] in fixed)
     measured = bad["steps"]["step_time_ns"]["mean"] - good["steps"]["step_time_ns"]["mean"]
-    assert measured > 30e6
+    assert measured > 25e6
     assert abs(predicted / measured - 1) < 0.10
 
 
@@ -65,10 +66,22 @@ def test_evidence_names_the_real_culprits(analysed):
     assert any("50257" in e for e in align["evidence"])  # GPT-2's vocabulary
     swin_align = rules(analysed, "swin_t_train_bf16")["GD-GEMM-ALIGN"]
     assert any("49" in e for e in swin_align["evidence"])  # Swin's 7x7 windows
-    sync = rules(analysed, "input_pipeline_bad")["GD-HOST-SYNC"]
-    assert "cudaStreamSynchronize" in sync["evidence"][0]
     attention = rules(analysed, "swin_t_train_bf16")["GD-UNFUSED-ATTENTION"]
     assert "layers.0.blocks.0.attn" in attention["evidence"][0]
+
+
+def test_sync_without_saving_is_suppressed_not_shown(analysed):
+    """GD-HOST-SYNC fires on the bad pipeline's per-step `.item()` (cudaStreamSynchronize), but no
+    GPU idle begins while the host waits (the idle is the input stall before the first kernel), so
+    its saving is 0: under 0.5 % of the step it is kept in ``suppressed`` only (issue 11). The good
+    pipeline does not synchronize: the rule does not fire at all."""
+    _, bad = analysed("input_pipeline_bad")
+    assert "GD-HOST-SYNC" not in rules(analysed, "input_pipeline_bad")
+    sync = {r["rule_id"]: r for r in bad["suppressed"]}["GD-HOST-SYNC"]
+    assert "cudaStreamSynchronize" in sync["evidence"][0]
+    assert sync["saving_ns_per_step"] < 0.005 * bad["steps"]["step_time_ns"]["mean"]
+    _, good = analysed("input_pipeline_good")
+    assert "GD-HOST-SYNC" not in {r["rule_id"] for r in good["recommendations"] + good.get("suppressed", [])}
 
 
 NCU_RULES = ("GD-LOCAL-MEMORY", "GD-UNCOALESCED", "GD-LOW-OCCUPANCY")

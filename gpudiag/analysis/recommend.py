@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analysis.costmodel import CONTRACTION_OPS, ITEMSIZE, _tensors, storage_ids
+from gpudiag.analysis.expert_rules import EXPERT_RULES
 from gpudiag.analysis.families import CONTRACTION_FAMILIES, kernel_label
 from gpudiag.analysis.peaks import DevicePeaks
 
@@ -31,6 +32,7 @@ class Recommendation:
     evidence: list[str]
     how_to_fix: str
     saving_percent_of_step: float | None = None
+    saving_estimated: bool = True  # False: "not estimated" (0 ns), never silenced for its size
 
 
 @dataclass
@@ -41,8 +43,12 @@ class RuleContext:
     kernel_class, evidence, math_path, efficiency, phase, module, op, op_args, step, grid_*);
     detail: the detail step's kernels (op and op_args set); api: runtime API calls with ``step``;
     memcpy: copies with ``step``; idle: GPU-idle intervals with ``step``, ``host_bound`` and
-    ``at_step_start`` (idle before the step's first kernel); n_steps; step_ns (mean step time);
-    peaks; ncu (may be empty); measured_steps (their indices)."""
+    ``at_step_start`` (idle before the step's first kernel); n_steps (steady-state steps);
+    step_ns (their mean step time: outlier steps are left out, gpudiag.analysis.outliers);
+    peaks; ncu (may be empty); measured_steps (their indices). From the launcher's status and the
+    rest of the analysis (defaults: unknown): peak_memory_bytes (step -> bytes), device_memory_bytes,
+    cudnn_benchmark, autocast_dtype, compiled (report["compiled"]), candidates (all fusion
+    candidates), bare_inflation_ns (profiled - bare median step time)."""
 
     km: pd.DataFrame
     detail: pd.DataFrame
@@ -54,6 +60,13 @@ class RuleContext:
     peaks: DevicePeaks
     ncu: pd.DataFrame = field(default_factory=pd.DataFrame)
     measured_steps: list[int] = field(default_factory=list)
+    peak_memory_bytes: dict[int, int] = field(default_factory=dict)
+    device_memory_bytes: float | None = None
+    cudnn_benchmark: bool | None = None
+    autocast_dtype: str | None = None
+    compiled: dict | None = None
+    candidates: list[dict] = field(default_factory=list)
+    bare_inflation_ns: float | None = None
 
 
 def _top(df: pd.DataFrame, n_steps: int, k: int = 3) -> list[str]:
@@ -214,7 +227,7 @@ def input_stall(ctx: RuleContext) -> Recommendation | None:
     start = ctx.idle[ctx.idle["host_bound"] & ctx.idle["at_step_start"]]
     per_step = start.groupby("step")["duration_ns"].sum().reindex(ctx.measured_steps, fill_value=0)
     mean = float(per_step.mean()) if len(per_step) else 0.0
-    if mean < 0.10 * ctx.step_ns:
+    if ctx.step_ns <= 0 or mean < 0.10 * ctx.step_ns:  # a zero-length step (a broken export) has no share
         return None
     return Recommendation(
         "GD-INPUT-STALL", "The GPU waits for input data at the start of each step", mean,
@@ -374,7 +387,8 @@ def local_memory(ctx: RuleContext) -> Recommendation | None:
          f"{kernel_label(worst['name'], None)}: {worst['local_memory_bytes'] / 1e6:.1f} MB of local loads+stores per launch, "
          f"{worst['registers_per_thread']:.0f} registers/thread", *_top(k, ctx.n_steps)],
         "Lower register pressure (smaller per-thread arrays, fewer live values, no dynamically indexed local arrays) "
-        "or raise the register cap (`__launch_bounds__`, `--maxrregcount`); for library kernels try another algorithm.")
+        "or raise the register cap (`__launch_bounds__`, `--maxrregcount`); for library kernels try another algorithm.",
+        saving_estimated=False)
 
 
 def uncoalesced(ctx: RuleContext) -> Recommendation | None:
@@ -419,7 +433,7 @@ def low_occupancy(ctx: RuleContext) -> Recommendation | None:
          f"{worst['achieved_occupancy_percent']:.0f} %, theoretical {worst['theoretical_occupancy_percent']:.0f} %",
          *_top(k, ctx.n_steps)],
         "Use less shared memory or fewer registers per block, or larger blocks, so more warps fit on each SM "
-        "(ncu's Occupancy section names the limiter).")
+        "(ncu's Occupancy section names the limiter).", saving_estimated=False)
 
 
 def _access(args: str, op: str) -> tuple[set, set, set]:
@@ -441,7 +455,8 @@ def multi_stream(ctx: RuleContext) -> Recommendation | None:
     (write-after-read). Reuse of a freed address by the caching allocator is not a dependency, so
     fresh outputs add none. Kernels whose grid fills the GPU (at least one wave) are barriers: they
     could not overlap anything. Saving: the serialized GPU time minus the critical path (what
-    unlimited streams could hide), 2 % of the step or more to fire."""
+    unlimited streams could hide), capped at the step time minus the critical path; 2 % of the
+    step or more to fire."""
     d = ctx.detail[ctx.detail["op_call"] >= 0]
     if d.empty or not d["op_args"].str.contains("@", regex=False).any():
         return None  # captured before gpudiag recorded storage addresses
@@ -468,7 +483,9 @@ def multi_stream(ctx: RuleContext) -> Recommendation | None:
             readers_since.pop(s, None)
         finish_max = max(finish_max, finish)
     serialized = float(per_call["ns"].sum())
-    saving = serialized - finish_max
+    # A step cannot get shorter than its dependency chain: the saving is at most the (steady-state)
+    # step's time above it, never more than the step (issue 16: 56,943 % on a replicated capture).
+    saving = min(serialized, ctx.step_ns) - finish_max
     if saving < 0.02 * ctx.step_ns or per_call["stream"].nunique() > 1 and saving < 0.05 * ctx.step_ns:
         return None
     return Recommendation(
@@ -502,25 +519,36 @@ def inference_quantization(ctx: RuleContext) -> Recommendation | None:
 
 RULES = (fp32_matmul, gemm_alignment, overhead_bound, host_syncs, pageable_copies, input_stall, unfused_optimizer,
          unfused_attention, unfused_norm, small_grids, local_memory, uncoalesced, low_occupancy, multi_stream,
-         inference_quantization)
+         inference_quantization, *EXPERT_RULES)
 
 
-# Rules whose only threshold is their saving: below 1 % of the step they are noise, not advice.
-MIN_SAVING_RULES = {"GD-GEMM-ALIGN", "GD-UNFUSED-ATTENTION", "GD-SMALL-GRID", "GD-PAGEABLE-COPY", "GD-UNFUSED-OPTIMIZER",
-                    "GD-UNFUSED-NORM"}
-MIN_SAVING_SHARE = 0.01
+# Issue 11: a recommendation whose estimated saving is under 0.5 % of the step is noise, not advice;
+# it stays out of the terminal and HTML and is kept in report.json under ``suppressed``.
+SILENT_SHARE = 0.005
+
+
+def recommend_split(ctx: RuleContext) -> tuple[list[dict], list[dict]]:
+    """(shown, suppressed): every rule's recommendation (those that fired) as plain dicts, by
+    expected saving; those with an estimated saving under :data:`SILENT_SHARE` of the step go to
+    ``suppressed`` with ``suppressed_because``. Rules whose saving is not estimated stay shown.
+    Savings are per rule and can overlap (e.g. the same GEMMs in the FP8 and small-grid rules):
+    they are not meant to be added up."""
+    shown, suppressed = [], []
+    for rule in RULES:
+        rec = rule(ctx)
+        if rec is None:
+            continue
+        rec.saving_percent_of_step = 100.0 * rec.saving_ns_per_step / ctx.step_ns if ctx.step_ns else None
+        row = asdict(rec)
+        if rec.saving_estimated and rec.saving_ns_per_step < SILENT_SHARE * ctx.step_ns:
+            row["suppressed_because"] = (f"estimated saving {rec.saving_ns_per_step / 1e6:.3f} ms/step, under "
+                                         f"{SILENT_SHARE:.1%} of the step")
+            suppressed.append(row)
+        else:
+            shown.append(row)
+    return sorted(shown, key=lambda r: -r["saving_ns_per_step"]), sorted(suppressed, key=lambda r: -r["saving_ns_per_step"])
 
 
 def recommend(ctx: RuleContext) -> list[dict]:
-    """Every rule's recommendation (those that fired), by expected saving, as plain dicts.
-    Savings are per rule and can overlap (e.g. the same GEMMs in the FP8 and small-grid rules):
-    they are not meant to be added up."""
-    out = []
-    for rule in RULES:
-        rec = rule(ctx)
-        if rec is not None and rec.rule_id in MIN_SAVING_RULES and rec.saving_ns_per_step < MIN_SAVING_SHARE * ctx.step_ns:
-            continue
-        if rec is not None:
-            rec.saving_percent_of_step = 100.0 * rec.saving_ns_per_step / ctx.step_ns if ctx.step_ns else None
-            out.append(asdict(rec))
-    return sorted(out, key=lambda r: -r["saving_ns_per_step"])
+    """The recommendations shown (see :func:`recommend_split`), by expected saving."""
+    return recommend_split(ctx)[0]

@@ -16,9 +16,10 @@ import pandas as pd
 import sqlite_utils
 
 from gpudiag import __version__, nvtx_names, store
-from gpudiag.analysis import invariants
+from gpudiag.analysis import invariants, outliers, overlaps
 from gpudiag.analysis import peaks as peaks_mod
-from gpudiag.analysis.attribution import Steps, attribute, find_steps, launch_calls, op_call_payloads, window_index
+from gpudiag.analysis.attribution import (Steps, attribute, find_steps, launch_calls, op_call_payloads, run_flags,
+                                          window_index)
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.classify import classify
 from gpudiag.analysis.families import kernel_label
@@ -26,7 +27,7 @@ from gpudiag.analysis.fusion import fusion_candidates, mark_host_bound, saving_b
 from gpudiag.analysis.kernel_sequence import kernel_sequence_candidates
 from gpudiag.analysis.compiled import attribute_compiled
 from gpudiag.analysis.launches import in_measured_steps, launch_counts
-from gpudiag.analysis.representative import apply_bare_run
+from gpudiag.analysis.representative import apply_bare_run, compare_bare
 from gpudiag.analysis.timeline import (gpu_activities, idle_intervals, launch_stats, step_table,
                                        stream_gaps)
 from gpudiag.sources import row_checks
@@ -258,7 +259,9 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         when = np.where(np.isnan(when), activities["start_ns"].to_numpy(dtype=float), when)
     widx = window_index(steps.table["start_ns"].to_numpy(), steps.table["end_ns"].to_numpy(), when)
     activities["step"] = np.where(widx >= 0, steps.table["step"].to_numpy()[np.maximum(widx, 0)], -1)
-    st = step_table(steps.table, activities, warmup_steps, detail_step)
+    # several launcher runs in one capture: each run has its own warm-up and detail step
+    st = outliers.flag_outliers(run_flags(step_table(steps.table, activities, warmup_steps, detail_step), steps,
+                                          warmup_steps, detail_step))
     if len(st) and not st["warmup"].any() and warmup_steps > 0:
         warnings.append(f"only {len(st)} step(s), not more than the {warmup_steps} warm-up steps: "
                         "the statistics include them (capture more steps, or lower --warmup-steps)")
@@ -274,9 +277,9 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     n = len(measured)
     measured_ids = set(measured["step"])
     k = kernels.assign(**{c: attribution[c].to_numpy() for c in ("step", "phase", "module", "module_class", "op", "op_args",
-                                                                  "op_call")},
+                                                                  "op_call", "graph")},
                        **{c: classes[c].to_numpy() for c in ("family", "kernel_class", "evidence", "intensity", "ridge", "efficiency",
-                                                             "config_key", "flop", "math_path", "achieved_flop_per_s",
+                                                             "config_key", "flop", "bytes", "math_path", "achieved_flop_per_s",
                                                              "achieved_bytes_per_s")})
     k["queue_delay_ns"] = launches["queue_delay_ns"].to_numpy()
     k["shorter_than_launch"] = launches["shorter_than_launch"].to_numpy()
@@ -303,7 +306,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     for row in st.itertuples(index=False):
         entry = {"step": int(row.step), "step_time_ns": int(row.step_time_ns), "busy_ns": int(row.busy_ns),
                  "idle_ns": int(row.idle_ns), "kernels": int(row.kernels), "warmup": bool(row.warmup),
-                 "detail": bool(row.detail), "measured": bool(row.measured)}
+                 "detail": bool(row.detail), "measured": bool(row.measured), "outlier": bool(row.outlier)}
         if row.step in class_ns.index:
             kernel_total = float(class_ns.loc[row.step].sum())
             scale = row.busy_ns / kernel_total if kernel_total else 0.0  # concurrent work counts once
@@ -345,12 +348,13 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     # API calls of the measured steps, once: the rules and the launch counts both read them
     api_m = (in_measured_steps(runtime_api, runtime_api["start_ns"].to_numpy(dtype=float), steps.table, measured_ids)
              if not runtime_api.empty else runtime_api)
-    recommendations = _recommendations(km, detail, idle, runtime_api, api_m, memcpy, steps, measured_ids, n, step_ns,
-                                       device_peaks, ncu) if n else []
     all_candidates = fusion_candidates(detail, device_peaks, top=None, op_payloads=payloads.tolist() if len(payloads) else None)
     fusion_source = "op_dataflow"
     if not all_candidates and not (k["op_call"] >= 0).any():  # no op ranges: the kernel sequence alone (lower confidence)
         all_candidates, fusion_source = kernel_sequence_candidates(km, device_peaks, n, top=None), "kernel_sequence"
+    recommendations, suppressed = _recommendations(
+        km, detail, idle, runtime_api, api_m, memcpy, steps, measured_ids, n, step_ns, device_peaks, ncu,
+        _rule_context(status, dev, compiled, all_candidates, measured_ids)) if n else ([], [])
     candidates = all_candidates[:10]
     fusion_note = mark_host_bound(candidates, recommendations)
     module_texts = nvtx["text"].dropna()
@@ -404,10 +408,13 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
                    "memory_bandwidth_bytes_per_s": device_peaks.bandwidth, "peak_flop_per_s": device_peaks.flops,
                    "peaks_source": device_peaks.source, "launch_overhead_ns": device_peaks.launch_overhead_ns},
         "steps": {"source": steps.source, "kind": steps.kind, "count": int(len(st)), "warmup_steps": int(st["warmup"].sum()),
-                  "detail_step": detail_step, "measured": n,
+                  "detail_step": detail_step, "measured": n, "outliers": int(st["outlier"].sum()),
+                  "statistics": outliers.STEADY_STATE_RULE,
                   "step_time_ns": _stats(measured["step_time_ns"].astype(float)),
+                  "step_time_ns_with_outliers": _stats(st.loc[st["measured"] | st["outlier"], "step_time_ns"].astype(float)),
                   "per_step": per_step},
         "gpu_busy_percent": 100.0 * float(measured["busy_ns"].sum() / measured["step_time_ns"].sum()) if n else None,
+        "outlier_steps": outliers.outlier_report(st, activities, idle, runtime_api, steps.table, k),
         "breakdown_ns_per_step": breakdown,
         "breakdown_percent": breakdown_percent,
         "classification": {"method": ("roofline: Nsight Compute measurements where profiled, else op shapes where recorded, "
@@ -418,7 +425,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
                            "class_share_of_kernel_time_percent": _shares(km, "kernel_class")},
         "phases_ns_per_step": {p: float(v) for p, v in phases.items()},
         "top_kernels": top_kernels,
-        "recommendations": recommendations,
+        "recommendations": overlaps.mark_overlaps(recommendations),
+        "suppressed": suppressed,
         "fusion_candidates": candidates,
         "fusion_saving_by_kernel": saving_by_kernel(all_candidates),
         "fusion_note": fusion_note,
@@ -446,11 +454,25 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     }))
 
 
+def _rule_context(status: dict | None, dev: pd.Series, compiled: dict, candidates: list[dict], measured_ids) -> dict:
+    """The rules' context beyond the kernels: the launcher's per-step peak memory, cudnn.benchmark and
+    autocast dtype, the GPU's memory, the compiled-graph summary, all fusion candidates and the
+    bare run's inflation (profiled - bare median step time, ns; None without a bare run)."""
+    status = status or {}
+    bare = compare_bare({"script": status, "steps": {"per_step": [{"step": s, "measured": True} for s in measured_ids]}})
+    return {"peak_memory_bytes": {int(s): int(v) for s, v in (status.get("peak_memory_bytes_per_step") or {}).items() if v},
+            "device_memory_bytes": _num(dev.get("total_memory_bytes")),
+            "cudnn_benchmark": status.get("cudnn_benchmark"), "autocast_dtype": status.get("autocast_dtype"),
+            "compiled": {**compiled, "dynamo": status.get("compile")} if compiled["graphs"] else None,
+            "candidates": candidates, "bare_inflation_ns": (bare or {}).get("inflation_ns")}
+
+
 def _recommendations(km, detail, idle, runtime_api, api, memcpy, steps, measured_ids, n, step_ns,
-                     device_peaks, ncu) -> list[dict]:
-    """Build the rules' context (measured steps only; ``api``: the measured steps' API calls) and run
-    them (:mod:`gpudiag.analysis.recommend`)."""
-    from gpudiag.analysis.recommend import RuleContext, recommend
+                     device_peaks, ncu, context: dict) -> tuple[list[dict], list[dict]]:
+    """Build the rules' context (measured steps only; ``api``: the measured steps' API calls;
+    ``context``: :func:`_rule_context`) and run them (:mod:`gpudiag.analysis.recommend`):
+    (shown, suppressed under 0.5 % of the step)."""
+    from gpudiag.analysis.recommend import RuleContext, recommend_split
 
     copies = (in_measured_steps(memcpy, launch_calls(memcpy, runtime_api)["api_start_ns"].to_numpy(dtype=float),
                                 steps.table, measured_ids)
@@ -462,8 +484,9 @@ def _recommendations(km, detail, idle, runtime_api, api, memcpy, steps, measured
     idle_ctx = idle[idle["step"].isin(measured_ids)].copy()
     idle_ctx["at_step_start"] = idle_ctx["end_ns"].to_numpy() <= idle_ctx["step"].map(first_kernel).to_numpy()
     ctx = RuleContext(km=km, detail=detail, api=api, memcpy=copies, idle=idle_ctx,
-                      n_steps=n, step_ns=step_ns, peaks=device_peaks, ncu=ncu, measured_steps=sorted(measured_ids))
-    return recommend(ctx)
+                      n_steps=n, step_ns=step_ns, peaks=device_peaks, ncu=ncu, measured_steps=sorted(measured_ids),
+                      **context)
+    return recommend_split(ctx)
 
 
 def _num(value) -> float | None:

@@ -118,6 +118,7 @@ class _State:
     module_names: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary)
     steps_completed: int = 0
     peak_memory_bytes: dict = field(default_factory=dict)  # step -> torch.cuda.max_memory_allocated()
+    autocast_dtype: str | None = None  # CUDA autocast at the first module forward: "bfloat16", "float16" or "off"
     step_start_ns: dict = field(default_factory=dict)  # step -> host perf_counter_ns at its start (nvtx mode)
     step_end_ns: dict = field(default_factory=dict)  # step -> host perf_counter_ns at its end
     step_start_event: dict = field(default_factory=dict)  # step -> CUDA event recorded at its start (nvtx mode)
@@ -348,6 +349,28 @@ def _compiler_artifact(module) -> bool:
     return fx is not None and isinstance(module, fx.GraphModule)
 
 
+def _autocast_dtype() -> str:
+    """CUDA autocast's dtype where it is on ("bfloat16", "float16"), else "off" (read by the
+    GD-FP32-UNDER-AUTOCAST and GD-CUDNN-BENCHMARK rules' evidence)."""
+    import torch
+
+    try:
+        on = torch.is_autocast_enabled("cuda")
+        return str(torch.get_autocast_dtype("cuda")).removeprefix("torch.") if on else "off"
+    except (TypeError, AttributeError, RuntimeError):  # torch before 2.4 has no device_type argument
+        return "off"
+
+
+def _cudnn_benchmark() -> bool | None:
+    """``torch.backends.cudnn.benchmark`` at exit (None if torch cannot tell): GD-CUDNN-BENCHMARK."""
+    try:
+        import torch
+
+        return bool(torch.backends.cudnn.benchmark)
+    except Exception:  # noqa: BLE001 - the status must be written whatever torch's state
+        return None
+
+
 def _forward_pre_hook(module, args):
     if _compiling():
         return None
@@ -355,6 +378,8 @@ def _forward_pre_hook(module, args):
     if state is None:
         return None
     _ensure_step_open()
+    if state.autocast_dtype is None:  # once: the first forward runs inside the user's autocast region, if any
+        state.autocast_dtype = _autocast_dtype()
     if state.config.module_ranges and not _compiler_artifact(module):
         state.nvtx.push(nvtx_names.MODULE + _module_name(state, module))
     return None
@@ -531,6 +556,8 @@ def finish() -> dict:
         "detail_step": state.config.effective_detail_step if state.config.op_ranges else None,
         "warmup_steps": state.config.warmup_steps,
         "peak_memory_bytes_per_step": {str(k): v for k, v in state.peak_memory_bytes.items()},
+        "cudnn_benchmark": _cudnn_benchmark(),
+        "autocast_dtype": state.autocast_dtype,
         "compile": dynamo_stats.compile_summary(),
         "step_wall_ns": step_wall_times(state),
         "step_gpu_ns": _safely(step_gpu_times, state),
