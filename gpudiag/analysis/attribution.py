@@ -36,6 +36,9 @@ class Steps:
     table: pd.DataFrame
     source: str
     kind: str  # "gpudiag", "nvtx" or "whole"
+    # Several launcher runs in one capture (see :func:`gpudiag_steps`): per row of ``table``, the
+    # run (0, 1, ...) and the launcher's own step number within it; None for a single run.
+    runs: pd.DataFrame | None = None
 
 
 def launch_calls(kernels: pd.DataFrame, runtime_api: pd.DataFrame) -> pd.DataFrame:
@@ -113,6 +116,61 @@ def _outermost(ranges: pd.DataFrame) -> pd.DataFrame:
     return r[r["start_ns"] >= prev_end]
 
 
+def gpudiag_steps(ranges: pd.DataFrame, tails: pd.DataFrame) -> Steps | None:
+    """Steps from gpudiag's step ranges (``ranges``: start_ns, end_ns, text ``gpudiag:step N``) and
+    tail ranges (``tails``); None without step ranges.
+
+    The launcher closes a step that never reached its boundary and marks it with a tail range: the
+    step range that started last before each tail is incomplete and is not a step. The launcher
+    numbers the steps of a run 0, 1, 2, ...; a number that does not grow starts another run in the
+    same capture (one capture of several runs, or a long capture made by replicating one in time,
+    as benchmarks/scale.py does). A single run keeps the launcher's numbers; several runs are
+    numbered 0, 1, 2, ... in time order, and :attr:`Steps.runs` keeps each step's run and number
+    within it, so that each run gets its own warm-up and detail step (:func:`run_flags`)."""
+    if ranges.empty:
+        return None
+    r = ranges.sort_values("start_ns", kind="stable", ignore_index=True)
+    number = r["text"].str[len(nvtx_names.STEP):].astype(int).to_numpy()
+    run = np.concatenate([[0], np.cumsum(number[1:] <= number[:-1])]) if len(r) else np.array([], int)
+    keep = np.ones(len(r), dtype=bool)
+    if not tails.empty:
+        before = np.searchsorted(r["start_ns"].to_numpy(), tails["start_ns"].to_numpy(), side="left") - 1
+        keep[before[before >= 0]] = False
+    r, number, run = r[keep], number[keep], run[keep]
+    if r.empty:
+        return None
+    several = len(np.unique(run)) > 1
+    t = pd.DataFrame({"step": np.arange(len(r)) if several else number,
+                      "start_ns": r["start_ns"].to_numpy(), "end_ns": r["end_ns"].to_numpy()})
+    runs = pd.DataFrame({"step": t["step"], "run": run, "run_step": number}) if several else None
+    source = "gpudiag step ranges (optimizer.step() or gpudiag.step())"
+    if several:
+        source += f" of {len(np.unique(run))} runs (each with its own warm-up and detail step)"
+    return Steps(t, source, "gpudiag", runs)
+
+
+def run_flags(st: pd.DataFrame, steps: Steps, warmup_steps: int, detail_step: int | None) -> pd.DataFrame:
+    """``st`` (a step table with step, warmup, detail, measured) with warm-up, detail and measured
+    set per run when ``steps`` holds several launcher runs (:func:`gpudiag_steps`): in each run the
+    first ``warmup_steps`` steps with GPU work are warm-up, and the step with the detail step's
+    number within its run is a detail step (each run recorded its op ranges on it). Unchanged for
+    a single run."""
+    if steps.runs is None or st.empty:
+        return st
+    info = steps.runs.set_index("step").reindex(st["step"].to_numpy())
+    run, run_step = info["run"].to_numpy(), info["run_step"].to_numpy()
+    position = pd.Series(run).groupby(run).cumcount().to_numpy()
+    detail_number = run_step[st["step"].to_numpy() == detail_step] if detail_step is not None else []
+    st = st.copy()
+    st["warmup"] = position < warmup_steps
+    st["detail"] = np.isin(run_step, detail_number)
+    st["measured"] = ~st["warmup"] & ~st["detail"]
+    if not st["measured"].any():  # as step_table: runs of only warm-up steps are reported rather than nothing
+        st["warmup"] = False
+        st["measured"] = ~st["detail"] if (~st["detail"]).any() else True
+    return st
+
+
 def find_steps(nvtx: pd.DataFrame, kernels: pd.DataFrame, steps_from: str | None = None,
                runtime_api: pd.DataFrame | None = None) -> Steps:
     """Step windows: gpudiag's own step ranges when present (unless ``steps_from`` is
@@ -122,16 +180,9 @@ def find_steps(nvtx: pd.DataFrame, kernels: pd.DataFrame, steps_from: str | None
     text = nvtx["text"].fillna("") if not nvtx.empty else pd.Series(dtype=str)
     regex = steps_from[5:] if steps_from and steps_from.startswith("nvtx:") else None
     if regex is None:
-        mine = nvtx[text.str.startswith(nvtx_names.STEP)]
-        tail = nvtx[text == nvtx_names.TAIL]
-        if not mine.empty and not tail.empty:
-            # The launcher closes a step that never reached its boundary and marks it with a tail
-            # range: that last step is incomplete and is not a step.
-            mine = mine[mine["start_ns"] != mine["start_ns"].max()]
-        if not mine.empty:
-            t = pd.DataFrame({"step": mine["text"].str[len(nvtx_names.STEP):].astype(int),
-                              "start_ns": mine["start_ns"], "end_ns": mine["end_ns"]})
-            return Steps(t.sort_values("start_ns", ignore_index=True), "gpudiag step ranges (optimizer.step() or gpudiag.step())", "gpudiag")
+        mine = gpudiag_steps(nvtx[text.str.startswith(nvtx_names.STEP)], nvtx[text == nvtx_names.TAIL])
+        if mine is not None:
+            return mine
     try:
         pattern = re.compile(regex or DEFAULT_USER_STEP_REGEX)
     except re.error as exc:

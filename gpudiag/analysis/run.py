@@ -18,7 +18,8 @@ import sqlite_utils
 from gpudiag import __version__, nvtx_names, store
 from gpudiag.analysis import invariants
 from gpudiag.analysis import peaks as peaks_mod
-from gpudiag.analysis.attribution import Steps, attribute, find_steps, launch_calls, op_call_payloads, window_index
+from gpudiag.analysis.attribution import (Steps, attribute, find_steps, launch_calls, op_call_payloads, run_flags,
+                                          window_index)
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.classify import classify
 from gpudiag.analysis.families import kernel_label
@@ -258,7 +259,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         when = np.where(np.isnan(when), activities["start_ns"].to_numpy(dtype=float), when)
     widx = window_index(steps.table["start_ns"].to_numpy(), steps.table["end_ns"].to_numpy(), when)
     activities["step"] = np.where(widx >= 0, steps.table["step"].to_numpy()[np.maximum(widx, 0)], -1)
-    st = step_table(steps.table, activities, warmup_steps, detail_step)
+    # several launcher runs in one capture: each run has its own warm-up and detail step
+    st = run_flags(step_table(steps.table, activities, warmup_steps, detail_step), steps, warmup_steps, detail_step)
     if len(st) and not st["warmup"].any() and warmup_steps > 0:
         warnings.append(f"only {len(st)} step(s), not more than the {warmup_steps} warm-up steps: "
                         "the statistics include them (capture more steps, or lower --warmup-steps)")
