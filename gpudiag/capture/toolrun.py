@@ -89,9 +89,10 @@ def _copy_output(stream, log, echo: bool) -> None:
 
 
 @contextmanager
-def _forward_signals(proc: subprocess.Popen):
-    """While in the block, SIGINT and SIGTERM go to ``proc``'s process group (first: the same
-    signal; second: SIGKILL and ``KeyboardInterrupt``). Yields the list of signals received."""
+def _forward_signals(child: dict):
+    """While in the block, SIGINT and SIGTERM go to the process group of ``child["proc"]`` (once
+    set; first: the same signal; second: SIGKILL and ``KeyboardInterrupt``). Yields the list of
+    signals received."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
         yield received
@@ -99,12 +100,15 @@ def _forward_signals(proc: subprocess.Popen):
 
     def handler(signum, _frame):
         received.append(signum)
+        proc = child.get("proc")
         if len(received) == 1:
-            _note(f"\n{signal.Signals(signum).name}: stopping {Path(proc.args[0]).name}; it keeps what it has "
+            _note(f"\n{signal.Signals(signum).name}: stopping {Path(child['cmd'][0]).name}, which keeps what it has "
                   "(press Ctrl-C again to abort)\n")
-            _kill_group(proc, signum)
+            if proc is not None:
+                _kill_group(proc, signum)
             return
-        _kill_group(proc, signal.SIGKILL)
+        if proc is not None:
+            _kill_group(proc, signal.SIGKILL)
         raise KeyboardInterrupt
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -145,9 +149,12 @@ def run_logged(cmd: list[str], log: Path, env: dict | None = None, echo: bool = 
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
         own_group = threading.current_thread() is threading.main_thread()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-                                errors="replace", start_new_session=own_group)
-        with _forward_signals(proc) as received:
+        child = {"cmd": cmd}
+        with _forward_signals(child) as received:  # before the start: no signal may slip between
+            proc = child["proc"] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                                    text=True, errors="replace", start_new_session=own_group)
+            if received:  # arrived while the child was starting
+                _kill_group(proc, received[0])
             try:
                 _copy_output(proc.stdout, f, echo)
                 code = proc.wait()
