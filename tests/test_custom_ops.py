@@ -44,7 +44,8 @@ def _samples():
         ("bias_dropout_add", (_r(4, 3, 2, seed=10), _r(4, 3, 2, seed=11), None, torch.rand(4), 0.0, None)),
         ("cross_entropy", (_r(7, 11, seed=13), targets, -100, 0.1)),
         ("rope", (_heads(2, 5, 3, 4, 14), _heads(2, 5, 1, 4, 15), cos, sin)),
-        ("rope", (_heads(2, 5, 3, 4, 14), _heads(2, 5, 1, 4, 15), cos.clone().requires_grad_(), sin.clone().requires_grad_())),
+        ("rope", (_heads(2, 5, 3, 4, 14), _heads(2, 5, 1, 4, 15), cos.clone().requires_grad_(),
+                  sin.clone().requires_grad_())),
         ("linear_cross_entropy", (_r(7, 6, seed=16), _r(11, 6, seed=17), targets, _r(11, seed=18), -100, 0.0, 3,
                                   True, True, True)),
         ("linear_cross_entropy", (_r(7, 6, seed=16), _r(11, 6, seed=17), targets, None, -100, 0.1, None,
@@ -124,7 +125,8 @@ class TinyModel(nn.Module):
         attn = cs.scaled_masked_softmax(q @ k.transpose(-1, -2), self.rel_bias, self.mask, scale=0.5)
         o = (attn @ self.v(h).view(b, s, 2, 4).transpose(1, 2)).transpose(1, 2).reshape(b, s, 8)
         y, res = co.add_layer_norm(o, x, self.ln_w, self.ln_b)
-        m = co.swiglu(self.gate(y), self.up(y)) + co.geglu(self.gate(y), self.up(y)) + co.bias_gelu(self.fc(y), self.fc_b)
+        m = co.swiglu(self.gate(y), self.up(y)) + co.geglu(self.gate(y), self.up(y))
+        m = m + co.bias_gelu(self.fc(y), self.fc_b)
         out = co.bias_dropout_add(self.down(m), res, self.down_b, p=0.3, training=True)
         loss = co.linear_cross_entropy(out, self.head.weight, target, self.head.bias)
         loss = loss + co.cross_entropy(self.head(out), target, label_smoothing=0.1)

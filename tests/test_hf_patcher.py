@@ -132,7 +132,7 @@ def test_patched_model_matches_the_original_loss_and_gradients(family, monkeypat
     want, got = _loss_and_grads(model, batch), _loss_and_grads(patched, batch)
     assert calls == {k: expected.get(k, 0) for k in FUSED}  # each patched module ran its kernel once
     assert len(got[1]) == len(list(model.parameters()))  # every parameter got a gradient
-    _assert_close(got, want, 1e-5)  # fp32; measured ≤ 1e-6 (summation order)
+    _assert_close(got, want, 1e-5)  # fp32; measured ≤ 2.4e-6 (summation order)
 
 
 def test_llama_head_and_loss_fused_when_labels_are_given(monkeypatch):
@@ -162,8 +162,10 @@ def test_llama_under_bf16_autocast_matches_to_bf16_tolerance(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want, got = _loss_and_grads(model, _batch(model)), _loss_and_grads(patched, _batch(model))
     assert calls["rms_norm"] == 5 and calls["swiglu"] == 2 and calls["rope"] == 2
-    assert _rel(got[0].loss.detach(), want[0].loss.detach()) < 1e-2
-    assert max(_grad_errors(got, want).values()) < 5e-2  # bf16 keeps 8 bits: a few roundings of 2^-9 each, through two layers
+    # bf16 keeps 8 bits: a few roundings of 2^-9 each, through two layers (measured: loss 2.1e-4,
+    # worst gradient 1.7e-2, on the 2-core CPU development machine)
+    assert _rel(got[0].loss.detach(), want[0].loss.detach()) < 2e-3
+    assert max(_grad_errors(got, want).values()) < 5e-2
 
 
 def test_gpt2_dropout_probability_reaches_the_fused_residual(monkeypatch):

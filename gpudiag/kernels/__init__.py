@@ -5,4 +5,8 @@ an autograd Function, a drop-in function, and the PyTorch reference it must matc
 (:mod:`gpudiag.kernels.registry`) ties them to the pattern names the candidate matcher uses.
 Tested on the CPU in Triton's interpreter (``TRITON_INTERPRET=1``) and timed on the GPU by
 ``benchmarks/bench_kernels.py``.
+
+:mod:`gpudiag.kernels.custom_ops` (and ``custom_ops_swin``) registers them as PyTorch custom ops
+(``torch.ops.gpudiag.*``) so patched models compile without graph breaks; :mod:`gpudiag.kernels.hf`
+and :mod:`gpudiag.kernels.timm_swin` patch Hugging Face and timm models with them.
 """

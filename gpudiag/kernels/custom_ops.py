@@ -283,7 +283,8 @@ def bias_dropout_add(x: Tensor, residual: Tensor, bias: Optional[Tensor] = None,
     p = float(p) if training else 0.0
     seed_t = None
     if p > 0.0:
-        seed_t = torch.randint(2**31, (), dtype=torch.int64) if seed is None else torch.full((), seed, dtype=torch.int64)
+        seed_t = (torch.randint(2**31, (), dtype=torch.int64) if seed is None
+                  else torch.full((), seed, dtype=torch.int64))
     return torch.ops.gpudiag.bias_dropout_add(x, residual, bias, sample_scale, p, seed_t)
 
 
@@ -316,7 +317,8 @@ def _ce_bwd_op(logits: Tensor, target: Tensor, lse: Tensor, scale: Tensor, ignor
 
 _ce_op.register_fake(lambda logits, target, ignore_index, label_smoothing: (
     logits.new_empty((), dtype=torch.float32), _per_row(logits), target.new_empty((), dtype=torch.int64)))
-_ce_bwd_op.register_fake(lambda logits, target, lse, scale, ignore_index, label_smoothing: logits.new_empty(logits.shape))
+_ce_bwd_op.register_fake(lambda logits, target, lse, scale, ignore_index, label_smoothing: logits.new_empty(
+    logits.shape))
 
 
 def _ce_setup(ctx, inputs, output):
