@@ -47,15 +47,17 @@ def test_recommendations_are_sorted_by_saving(analysed):
 
 def test_predicted_savings_match_the_fixed_run(analysed):
     """The bad-practice run's recommendations predict what fixing them saves: the good-practice run
-    of the same model (workers, pinned memory, no .item(), fused AdamW) is 37.7 ms/step faster on
-    the H200 (means: 42.0 -> 4.3 ms); the rules fired on the bad run predict 38.7 ms. Within 10 %.
-    (The savings of these rules do not overlap: the sync rule excludes idle before the first kernel.)"""
+    of the same model (workers, pinned memory, no .item(), fused AdamW) is 28.2 ms/step faster on
+    the H200 in the steady state (means without outlier steps: 31.9 -> 3.6 ms); the rules fired on
+    the bad run predict 28.5 ms. Within 10 %. (The savings of these rules do not overlap: the sync
+    rule excludes idle before the first kernel. The bad run's three data-loader stalls of 1.5-2.3x
+    the median step are its outlier steps, reported on their own.)"""
     _, bad = analysed("input_pipeline_bad")
     _, good = analysed("input_pipeline_good")
     fixed = {"GD-INPUT-STALL", "GD-HOST-SYNC", "GD-PAGEABLE-COPY", "GD-UNFUSED-OPTIMIZER"}
     predicted = sum(r["saving_ns_per_step"] for r in bad["recommendations"] if r["rule_id"] in fixed)
     measured = bad["steps"]["step_time_ns"]["mean"] - good["steps"]["step_time_ns"]["mean"]
-    assert measured > 30e6
+    assert measured > 25e6
     assert abs(predicted / measured - 1) < 0.10
 
 

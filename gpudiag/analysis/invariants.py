@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from gpudiag.analysis.overlaps import largest_additive_total
+
 # Rounding: percentages are sums of floats over many steps; ±0.5 points is the issue's tolerance.
 SHARE_TOLERANCE_POINTS = 0.5
 
@@ -66,7 +68,53 @@ def savings_within_the_step(report: dict) -> list[str]:
     return out
 
 
-INVARIANTS = (gpu_busy_within_0_100, step_times_positive, breakdown_sums_to_100, savings_within_the_step)
+def additive_savings_within_the_step(report: dict) -> list[str]:
+    """Savings of rules that count different time (no rule in the other's ``overlaps``,
+    :mod:`gpudiag.analysis.overlaps`) may be added up: the largest such sum stays within the
+    (steady-state mean) step. Rules that count the same time say so instead. Reports written
+    before ``overlaps`` existed are not checked."""
+    recs = report.get("recommendations") or []
+    mean = ((report.get("steps") or {}).get("step_time_ns") or {}).get("mean")
+    if not recs or not _finite(mean) or any("overlaps" not in r for r in recs):
+        return []
+    total, ids = largest_additive_total({r["rule_id"]: r["saving_ns_per_step"] for r in recs},
+                                        {r["rule_id"]: r["overlaps"] for r in recs})
+    if total > mean * (1 + 1e-9):
+        return [f"{' + '.join(ids)} count different time and save {total / 1e6:.2f} ms/step together, "
+                f"more than the {mean / 1e6:.2f} ms step"]
+    return []
+
+
+def steady_state_excludes_outliers(report: dict) -> list[str]:
+    """The steady state (``measured`` steps) holds no step over the outlier threshold (factor ×
+    the median of the measured and outlier steps), every outlier step is over it, and the counts
+    agree (:mod:`gpudiag.analysis.outliers`). Reports without ``outlier_steps`` are not checked."""
+    found = report.get("outlier_steps")
+    per_step = (report.get("steps") or {}).get("per_step") or []
+    if not found or found.get("threshold_ns") is None:
+        return []
+    out = [f"steady-state step {s['step']} lasts {s['step_time_ns']} ns, over the {found['threshold_ns']:.0f} ns threshold"
+           for s in per_step if s.get("measured") and s["step_time_ns"] > found["threshold_ns"]]
+    out += [f"outlier step {s['step']} lasts {s['step_time_ns']} ns, under the {found['threshold_ns']:.0f} ns threshold"
+            for s in per_step if s.get("outlier") and not s["step_time_ns"] > found["threshold_ns"]]
+    flagged = sum(1 for s in per_step if s.get("outlier"))
+    if not flagged == found["count"] == report["steps"].get("outliers", flagged):
+        out.append(f"{flagged} steps flagged, {found['count']} outlier steps reported")
+    return out
+
+
+INVARIANTS = (gpu_busy_within_0_100, step_times_positive, breakdown_sums_to_100, savings_within_the_step,
+              additive_savings_within_the_step, steady_state_excludes_outliers)
+
+
+def same_steps(reports: dict[str, dict]) -> list[str]:
+    """Across reports of one capture read from different inputs (``.sqlite``, ``.sqlite.xz``, a run
+    directory; input name -> report): the same step count, measured and outlier counts and median
+    step time. Not in :data:`INVARIANTS` (it needs several reports); tests run it."""
+    keys = {name: (r["steps"]["count"], r["steps"]["measured"], r["steps"].get("outliers"),
+                   r["steps"]["step_time_ns"]["median"]) for name, r in reports.items()}
+    first = next(iter(keys.values()), None)
+    return [f"{name}: steps, measured, outliers, median = {k}, not {first}" for name, k in keys.items() if k != first]
 
 
 def check(report: dict) -> dict:

@@ -109,11 +109,12 @@ def kernel_counts(kernels: pd.DataFrame, steps: list[int]) -> pd.DataFrame:
 
 
 def typical_kernels(counts: pd.DataFrame, steady: list[int]) -> pd.DataFrame:
-    """Per kernel name, the median launches and GPU time over the steady steps (0 in a step that
-    does not run it): index name, columns typical_launches, typical_ns."""
+    """Per kernel name, over the steady steps: the median launches and GPU time (0 in a step that
+    does not run it) and in_steps, how many steady steps run it. Index name; columns
+    typical_launches, typical_ns, in_steps."""
     c = counts[counts["step"].isin(steady)]
     if c.empty or not steady:
-        return pd.DataFrame(columns=["typical_launches", "typical_ns"], dtype=float)
+        return pd.DataFrame(columns=["typical_launches", "typical_ns", "in_steps"], dtype=float)
     wide = c.pivot_table(index="name", columns="step", values=["launches", "ns"], fill_value=0, aggfunc="sum")
     missing = len(steady) - wide["launches"].shape[1]  # steady steps that ran no kernel at all
 
@@ -121,17 +122,18 @@ def typical_kernels(counts: pd.DataFrame, steady: list[int]) -> pd.DataFrame:
         values = block.to_numpy(dtype=float)
         return pd.Series(np.median(np.hstack([values, np.zeros((len(values), missing))]), axis=1), index=block.index)
 
-    return pd.DataFrame({"typical_launches": median(wide["launches"]), "typical_ns": median(wide["ns"])})
+    return pd.DataFrame({"typical_launches": median(wide["launches"]), "typical_ns": median(wide["ns"]),
+                         "in_steps": (wide["launches"] > 0).sum(axis=1).astype(float)})
 
 
 def extra_kernels(counts: pd.DataFrame, typical: pd.DataFrame, step: int) -> pd.DataFrame:
-    """Kernels that ``step`` launched more often than a typical step (names a typical step never
-    runs included): name, short_name, label, launches, typical_launches, extra_ns (GPU time beyond
-    the typical, ns), new (bool: not in a typical step); largest extra time first."""
+    """Kernels that ``step`` launched more often than a typical step: name, short_name, label,
+    launches, typical_launches, extra_ns (GPU time beyond the typical, ns), new (bool: no steady
+    step runs it); largest extra time first."""
     mine = counts[counts["step"] == step].set_index("name").join(typical, how="left").fillna(
-        {"typical_launches": 0.0, "typical_ns": 0.0})
+        {"typical_launches": 0.0, "typical_ns": 0.0, "in_steps": 0.0})
     more = mine[mine["launches"] > mine["typical_launches"]]
-    out = more.assign(extra_ns=(more["ns"] - more["typical_ns"]).clip(lower=0), new=more["typical_launches"] == 0)
+    out = more.assign(extra_ns=(more["ns"] - more["typical_ns"]).clip(lower=0), new=more["in_steps"] == 0)
     out = out.reset_index().sort_values("extra_ns", ascending=False)
     out["label"] = [kernel_label(n, s) for n, s in zip(out["name"], out["short_name"])]
     return out[["name", "short_name", "label", "launches", "typical_launches", "extra_ns", "new"]]
@@ -141,45 +143,59 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.2f} ms"
 
 
+def _cause(cause: str, ns: float, text: str, **more) -> dict:
+    return {"cause": cause, "excess_ns": float(ns), "text": text, **more}
+
+
+def time_causes(row: pd.Series, typical: pd.Series) -> list[dict]:
+    """Idle and copy time of one step beyond the typical step's, as :func:`causes` entries."""
+    def versus(col: str) -> str:
+        return f"{_ms(row[col])}, typical {_ms(typical[col])}"
+
+    return [_cause("input_stall", row["input_idle_ns"] - typical["input_idle_ns"],
+                   f"GPU idle before the step's first kernel (waiting for input or host work) {versus('input_idle_ns')}"),
+            _cause("host_bound_idle", row["host_bound_idle_ns"] - typical["host_bound_idle_ns"],
+                   f"GPU idle between kernels with an empty launch queue {versus('host_bound_idle_ns')}"),
+            _cause("other_idle", row["other_idle_ns"] - typical["other_idle_ns"],
+                   f"GPU idle with work queued {versus('other_idle_ns')}"),
+            _cause("memcpy", row["copy_ns"] - typical["copy_ns"],
+                   f"copies and memsets ({row['copies']:.0f}, typical {typical['copies']:.0f}) {versus('copy_ns')}")]
+
+
+def kernel_causes(row: pd.Series, typical: pd.Series, extra: pd.DataFrame) -> list[dict]:
+    """Extra kernels (:func:`extra_kernels`) and the usual kernels running longer, as
+    :func:`causes` entries."""
+    new, top = extra[extra["new"]], extra.head(TOP_KERNELS)
+    named = ", ".join(f"{k.label} {_ms(k.extra_ns)} ({k.launches} launches, typical {k.typical_launches:.0f})"
+                      for k in top.itertuples()) or "none"
+    extra_ns = float(extra["extra_ns"].sum())
+    longer = float(row["kernel_ns"] - typical["kernel_ns"]) - extra_ns
+    return [_cause("extra_kernels", extra_ns,
+                   f"{int(row['kernels'])} kernels, typical {typical['kernels']:.0f}; {len(new)} kernel names no steady "
+                   f"step runs (evaluation, recompilation, autotuning?); most extra time: {named}",
+                   new_names=int(len(new)),
+                   kernels=[{"name": k.name, "label": k.label, "launches": int(k.launches), "new": bool(k.new),
+                             "typical_launches": float(k.typical_launches), "extra_ns": float(k.extra_ns)}
+                            for k in top.itertuples()]),
+            _cause("slower_kernels", longer, f"the usual kernels ran {_ms(longer)} longer in total")]
+
+
 def causes(row: pd.Series, typical: pd.Series, extra: pd.DataFrame) -> list[dict]:
     """What made one outlier step slow, each an excess over the typical step (``typical``: the
     median of each :func:`step_profile` column over the steady state), largest first: cause,
-    excess_ns, text (and kernels for ``extra_kernels``). They can overlap (a host sync shows up as
-    host-bound idle too); causes under :data:`MIN_CAUSE_SHARE` of the step's excess are left out,
-    except a host sync (listed whenever the step has more than a typical step) and kernels a
-    typical step never runs (listed whenever there are any)."""
-    excess = float(row["step_time_ns"] - typical["step_time_ns"])
-    found = []
-
-    def add(cause: str, ns: float, text: str, **more) -> None:
-        found.append({"cause": cause, "excess_ns": float(ns), "text": text, **more})
-
-    add("input_stall", row["input_idle_ns"] - typical["input_idle_ns"],
-        f"GPU idle before the step's first kernel, waiting for the host (input data, the previous step's host work) "
-        f"{_ms(row['input_idle_ns'])}, typical {_ms(typical['input_idle_ns'])}")
-    add("host_bound_idle", row["host_bound_idle_ns"] - typical["host_bound_idle_ns"],
-        f"GPU idle between kernels with an empty launch queue (waiting for the host) {_ms(row['host_bound_idle_ns'])}, "
-        f"typical {_ms(typical['host_bound_idle_ns'])}")
-    add("other_idle", row["other_idle_ns"] - typical["other_idle_ns"], f"GPU idle with work queued {_ms(row['other_idle_ns'])}, typical {_ms(typical['other_idle_ns'])}")
-    add("memcpy", row["copy_ns"] - typical["copy_ns"], f"copies and memsets {_ms(row['copy_ns'])} ({row['copies']:.0f}), "
-        f"typical {_ms(typical['copy_ns'])} ({typical['copies']:.0f})")
-    new = extra[extra["new"]]
-    top = extra.head(TOP_KERNELS)
-    add("extra_kernels", float(extra["extra_ns"].sum()),
-        f"{int(row['kernels'])} kernels, typical {typical['kernels']:.0f}; {len(new)} kernel names a typical step does not "
-        f"run; most extra time: " + (", ".join(f"{k.label} {_ms(k.extra_ns)} ({k.launches} launches, typical "
-                                              f"{k.typical_launches:.0f})" for k in top.itertuples()) or "none"),
-        kernels=[{"name": k.name, "label": k.label, "launches": int(k.launches), "typical_launches": float(k.typical_launches),
-                  "extra_ns": float(k.extra_ns), "new": bool(k.new)} for k in top.itertuples()])
-    longer = (row["kernel_ns"] - typical["kernel_ns"]) - float(extra["extra_ns"].sum())
-    add("slower_kernels", longer, f"the usual kernels ran {_ms(longer)} longer in total")
-    floor = MIN_CAUSE_SHARE * max(excess, 0.0)
-    # kernels a typical step never runs (evaluation, recompilation, autotuning) are named however short
-    kept = [c for c in found if c["excess_ns"] > floor or (c["cause"] == "extra_kernels" and len(new))]
+    excess_ns, text (and for ``extra_kernels``: new_names, how many kernel names no steady step
+    runs, and kernels, the top :data:`TOP_KERNELS` by extra time). They can overlap (a host sync
+    shows up as host-bound idle too); causes under :data:`MIN_CAUSE_SHARE` of the step's excess are
+    left out, except a host sync (listed whenever the step has more than a typical step) and
+    kernels no steady step runs (listed whenever there are any)."""
+    floor = MIN_CAUSE_SHARE * max(float(row["step_time_ns"] - typical["step_time_ns"]), 0.0)
+    # kernels no steady step runs (evaluation, recompilation, autotuning) are named however short
+    kept = [c for c in time_causes(row, typical) + kernel_causes(row, typical, extra)
+            if c["excess_ns"] > floor or c.get("new_names")]
     if row["syncs"] > typical["syncs"]:
-        kept.append({"cause": "host_sync", "excess_ns": float(row["sync_ns"] - typical["sync_ns"]),
-                     "text": f"{row['syncs']:.0f} host synchronizations blocking the host {_ms(row['sync_ns'])}, typical "
-                             f"{typical['syncs']:.0f} ({_ms(typical['sync_ns'])})"})
+        kept.append(_cause("host_sync", row["sync_ns"] - typical["sync_ns"],
+                           f"{row['syncs']:.0f} host synchronizations blocking the host {_ms(row['sync_ns'])}, "
+                           f"typical {typical['syncs']:.0f} ({_ms(typical['sync_ns'])})"))
     return sorted(kept, key=lambda c: -c["excess_ns"])
 
 
@@ -192,43 +208,59 @@ def period(steps: list[int]) -> int | None:
     return int(gaps[0]) if (gaps == gaps[0]).all() and gaps[0] > 1 else None
 
 
+def outlier_summary(st: pd.DataFrame) -> dict:
+    """The rule and totals of report.json's ``outlier_steps``: rule, factor, median_step_time_ns and
+    threshold_ns (of the measured steps, outliers included, ns), count, time_ns and
+    share_of_measured_time_percent (the outliers' windows), period_steps (:func:`period`).
+    ``st``: after :func:`flag_outliers`."""
+    candidates = st[st["measured"] | st["outlier"]]
+    median = float(candidates["step_time_ns"].median()) if len(candidates) else None
+    slow = float(st.loc[st["outlier"], "step_time_ns"].sum())
+    total = float(candidates["step_time_ns"].sum())
+    return {"rule": STEADY_STATE_RULE, "factor": OUTLIER_FACTOR, "median_step_time_ns": median,
+            "threshold_ns": OUTLIER_FACTOR * median if median is not None else None,
+            "count": int(st["outlier"].sum()), "time_ns": slow,
+            "share_of_measured_time_percent": 100.0 * slow / total if total else None,
+            "period_steps": period(st.loc[st["outlier"], "step"].tolist())}
+
+
+def profile_steps(st: pd.DataFrame, activities: pd.DataFrame, idle: pd.DataFrame, runtime_api: pd.DataFrame,
+                  steps_table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`step_profile` of the measured and outlier steps, every column present."""
+    candidates = st[st["measured"] | st["outlier"]]
+    ids = set(candidates["step"])
+    api = (in_measured_steps(runtime_api, runtime_api["start_ns"].to_numpy(dtype=float), steps_table, ids)
+           if not runtime_api.empty else runtime_api)
+    prof = step_profile(candidates, idle_by_step(idle, candidates, activities), copies_by_step(activities),
+                        syncs_by_step(api))
+    for col in ("input_idle_ns", "host_bound_idle_ns", "other_idle_ns", "copy_ns", "copies", "syncs", "sync_ns"):
+        if col not in prof:
+            prof[col] = 0.0
+    return prof
+
+
 def outlier_report(st: pd.DataFrame, activities: pd.DataFrame, idle: pd.DataFrame, runtime_api: pd.DataFrame,
                    steps_table: pd.DataFrame, kernels: pd.DataFrame) -> dict:
-    """report.json's ``outlier_steps``: rule, factor, median_step_time_ns and threshold_ns (of the
-    measured steps, ns), count, time_ns and share_of_measured_time_percent (outliers' windows),
-    period_steps (:func:`period`), typical (the steady state's median step profile) and steps: per
-    outlier (slowest first, at most :data:`MAX_LISTED`) step, step_time_ns, times_median,
-    excess_ns (over the typical step) and causes (:func:`causes`).
+    """report.json's ``outlier_steps``: :func:`outlier_summary`, typical (the steady state's median
+    step profile, null without outliers) and steps: per outlier (slowest first, at most
+    :data:`MAX_LISTED`) step, step_time_ns, times_median, excess_ns (over the typical step) and
+    causes (:func:`causes`).
 
     ``st``: after :func:`flag_outliers`; ``activities``: GPU work with ``step``; ``idle``: whole-GPU
     idle intervals; ``runtime_api``: API calls; ``steps_table``: the step ranges (step, start_ns,
     end_ns); ``kernels``: kernel instances with step, name, short_name, duration_ns."""
-    candidates = st[st["measured"] | st["outlier"]]
-    median = float(candidates["step_time_ns"].median()) if len(candidates) else None
-    out = {"rule": STEADY_STATE_RULE, "factor": OUTLIER_FACTOR, "median_step_time_ns": median,
-           "threshold_ns": OUTLIER_FACTOR * median if median is not None else None,
-           "count": int(st["outlier"].sum()), "time_ns": float(st.loc[st["outlier"], "step_time_ns"].sum()),
-           "share_of_measured_time_percent": (100.0 * float(st.loc[st["outlier"], "step_time_ns"].sum())
-                                              / float(candidates["step_time_ns"].sum()) if len(candidates) else None),
-           "period_steps": period(st.loc[st["outlier"], "step"].tolist()), "typical": None, "steps": []}
+    out = {**outlier_summary(st), "typical": None, "steps": []}
     if not out["count"]:
         return out
-    ids = set(candidates["step"])
-    api = (in_measured_steps(runtime_api, runtime_api["start_ns"].to_numpy(dtype=float), steps_table, ids)
-           if not runtime_api.empty else runtime_api)
-    prof = step_profile(candidates, idle_by_step(idle, candidates, activities), copies_by_step(activities), syncs_by_step(api))
-    for col in ("input_idle_ns", "host_bound_idle_ns", "other_idle_ns", "copy_ns", "copies", "syncs", "sync_ns"):
-        if col not in prof:
-            prof[col] = 0.0
+    prof = profile_steps(st, activities, idle, runtime_api, steps_table)
     steady = prof[prof["measured"]]
     typical = steady.drop(columns=["step", "outlier", "measured"]).median()
-    outliers = prof[prof["outlier"]].sort_values("step_time_ns", ascending=False).head(MAX_LISTED)
-    counts = kernel_counts(kernels, sorted(ids))
+    counts = kernel_counts(kernels, prof["step"].tolist())
     kinds = typical_kernels(counts, steady["step"].tolist())
     out["typical"] = {k: float(v) for k, v in typical.items()}
-    for _, row in outliers.iterrows():
+    for _, row in prof[prof["outlier"]].sort_values("step_time_ns", ascending=False).head(MAX_LISTED).iterrows():
         out["steps"].append({"step": int(row["step"]), "step_time_ns": float(row["step_time_ns"]),
-                             "times_median": float(row["step_time_ns"]) / median,
+                             "times_median": float(row["step_time_ns"]) / out["median_step_time_ns"],
                              "excess_ns": float(row["step_time_ns"] - typical["step_time_ns"]),
                              "causes": causes(row, typical, extra_kernels(counts, kinds, int(row["step"])))})
     return out

@@ -43,7 +43,8 @@ class RuleContext:
     kernel_class, evidence, math_path, efficiency, phase, module, op, op_args, step, grid_*);
     detail: the detail step's kernels (op and op_args set); api: runtime API calls with ``step``;
     memcpy: copies with ``step``; idle: GPU-idle intervals with ``step``, ``host_bound`` and
-    ``at_step_start`` (idle before the step's first kernel); n_steps; step_ns (mean step time);
+    ``at_step_start`` (idle before the step's first kernel); n_steps (steady-state steps);
+    step_ns (their mean step time: outlier steps are left out, gpudiag.analysis.outliers);
     peaks; ncu (may be empty); measured_steps (their indices). From the launcher's status and the
     rest of the analysis (defaults: unknown): peak_memory_bytes (step -> bytes), device_memory_bytes,
     cudnn_benchmark, autocast_dtype, compiled (report["compiled"]), candidates (all fusion
@@ -454,7 +455,8 @@ def multi_stream(ctx: RuleContext) -> Recommendation | None:
     (write-after-read). Reuse of a freed address by the caching allocator is not a dependency, so
     fresh outputs add none. Kernels whose grid fills the GPU (at least one wave) are barriers: they
     could not overlap anything. Saving: the serialized GPU time minus the critical path (what
-    unlimited streams could hide), 2 % of the step or more to fire."""
+    unlimited streams could hide), capped at the step time minus the critical path; 2 % of the
+    step or more to fire."""
     d = ctx.detail[ctx.detail["op_call"] >= 0]
     if d.empty or not d["op_args"].str.contains("@", regex=False).any():
         return None  # captured before gpudiag recorded storage addresses
@@ -481,7 +483,9 @@ def multi_stream(ctx: RuleContext) -> Recommendation | None:
             readers_since.pop(s, None)
         finish_max = max(finish_max, finish)
     serialized = float(per_call["ns"].sum())
-    saving = serialized - finish_max
+    # A step cannot get shorter than its dependency chain: the saving is at most the (steady-state)
+    # step's time above it, never more than the step (issue 16: 56,943 % on a replicated capture).
+    saving = min(serialized, ctx.step_ns) - finish_max
     if saving < 0.02 * ctx.step_ns or per_call["stream"].nunique() > 1 and saving < 0.05 * ctx.step_ns:
         return None
     return Recommendation(

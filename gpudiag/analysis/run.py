@@ -16,7 +16,7 @@ import pandas as pd
 import sqlite_utils
 
 from gpudiag import __version__, nvtx_names, store
-from gpudiag.analysis import invariants
+from gpudiag.analysis import invariants, outliers, overlaps
 from gpudiag.analysis import peaks as peaks_mod
 from gpudiag.analysis.attribution import (Steps, attribute, find_steps, launch_calls, op_call_payloads, run_flags,
                                           window_index)
@@ -260,7 +260,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     widx = window_index(steps.table["start_ns"].to_numpy(), steps.table["end_ns"].to_numpy(), when)
     activities["step"] = np.where(widx >= 0, steps.table["step"].to_numpy()[np.maximum(widx, 0)], -1)
     # several launcher runs in one capture: each run has its own warm-up and detail step
-    st = run_flags(step_table(steps.table, activities, warmup_steps, detail_step), steps, warmup_steps, detail_step)
+    st = outliers.flag_outliers(run_flags(step_table(steps.table, activities, warmup_steps, detail_step), steps,
+                                          warmup_steps, detail_step))
     if len(st) and not st["warmup"].any() and warmup_steps > 0:
         warnings.append(f"only {len(st)} step(s), not more than the {warmup_steps} warm-up steps: "
                         "the statistics include them (capture more steps, or lower --warmup-steps)")
@@ -305,7 +306,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     for row in st.itertuples(index=False):
         entry = {"step": int(row.step), "step_time_ns": int(row.step_time_ns), "busy_ns": int(row.busy_ns),
                  "idle_ns": int(row.idle_ns), "kernels": int(row.kernels), "warmup": bool(row.warmup),
-                 "detail": bool(row.detail), "measured": bool(row.measured)}
+                 "detail": bool(row.detail), "measured": bool(row.measured), "outlier": bool(row.outlier)}
         if row.step in class_ns.index:
             kernel_total = float(class_ns.loc[row.step].sum())
             scale = row.busy_ns / kernel_total if kernel_total else 0.0  # concurrent work counts once
@@ -407,10 +408,13 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
                    "memory_bandwidth_bytes_per_s": device_peaks.bandwidth, "peak_flop_per_s": device_peaks.flops,
                    "peaks_source": device_peaks.source, "launch_overhead_ns": device_peaks.launch_overhead_ns},
         "steps": {"source": steps.source, "kind": steps.kind, "count": int(len(st)), "warmup_steps": int(st["warmup"].sum()),
-                  "detail_step": detail_step, "measured": n,
+                  "detail_step": detail_step, "measured": n, "outliers": int(st["outlier"].sum()),
+                  "statistics": outliers.STEADY_STATE_RULE,
                   "step_time_ns": _stats(measured["step_time_ns"].astype(float)),
+                  "step_time_ns_with_outliers": _stats(st.loc[st["measured"] | st["outlier"], "step_time_ns"].astype(float)),
                   "per_step": per_step},
         "gpu_busy_percent": 100.0 * float(measured["busy_ns"].sum() / measured["step_time_ns"].sum()) if n else None,
+        "outlier_steps": outliers.outlier_report(st, activities, idle, runtime_api, steps.table, k),
         "breakdown_ns_per_step": breakdown,
         "breakdown_percent": breakdown_percent,
         "classification": {"method": ("roofline: Nsight Compute measurements where profiled, else op shapes where recorded, "
@@ -421,7 +425,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
                            "class_share_of_kernel_time_percent": _shares(km, "kernel_class")},
         "phases_ns_per_step": {p: float(v) for p, v in phases.items()},
         "top_kernels": top_kernels,
-        "recommendations": recommendations,
+        "recommendations": overlaps.mark_overlaps(recommendations),
         "suppressed": suppressed,
         "fusion_candidates": candidates,
         "fusion_saving_by_kernel": saving_by_kernel(all_candidates),

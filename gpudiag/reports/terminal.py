@@ -30,6 +30,7 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
                     fmt_pct(bp.get("compute")), fmt_pct(bp.get("bandwidth")), fmt_pct(bp.get("overhead")),
                     fmt_pct(bp.get("idle")))
     console.print(summary)
+    render_outliers(result, console)
     render_bare(result, console)
     render_compiled(result, console)
     kernels = Table(title=f"top {top} kernels (per measured step)", show_header=True, header_style="bold")
@@ -48,9 +49,46 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
         table.add_column("what", overflow="fold", max_width=60)
         table.add_column("saving/step", justify="right")
         for rec in recs[:5]:
-            table.add_row(Text(rec["rule_id"]), Text(rec["title"]), fmt_ns(rec["saving_ns_per_step"]))
+            table.add_row(Text(rec["rule_id"]), Text(rec["title"]), saving_text(rec))
         console.print(table)
+        pairs = overlap_pairs(recs[:5])
+        if pairs:
+            console.print(Text("not to be added up (they count the same time): " + "; ".join(pairs)), highlight=False)
     render_fusion(result, console)
+
+
+def overlap_pairs(recs: list[dict]) -> list[str]:
+    """"GD-A with GD-B, GD-C" for each of the given recommendations whose saving overlaps later ones'
+    (their ``overlaps`` field), so that each pair is named once."""
+    shown = [r["rule_id"] for r in recs]
+    out = []
+    for i, rec in enumerate(recs):
+        later = [b for b in shown[i + 1:] if b in (rec.get("overlaps") or [])]
+        if later:
+            out.append(f"{rec['rule_id']} with {', '.join(later)}")
+    return out
+
+
+def outlier_lines(result: dict, top: int = 3) -> list[str]:
+    """The outlier-step finding as lines: how many steps, the rule, their share of the time and
+    whether they recur at a fixed interval, then the ``top`` slowest with their two largest causes.
+    Empty when there is none (or the report predates outlier steps)."""
+    found = result.get("outlier_steps") or {}
+    if not found.get("count"):
+        return []
+    every = f", every {found['period_steps']} steps" if found.get("period_steps") else ""
+    lines = [f"{found['count']} outlier steps (over {found['factor']:g}× the median measured step, "
+             f"{fmt_ns(found['median_step_time_ns'])}; {fmt_pct(found['share_of_measured_time_percent'])} of the measured "
+             f"time{every}) are left out of the numbers above; the slowest:"]
+    for s in found["steps"][:top]:
+        why = "; ".join(c["text"] for c in s["causes"][:2]) or "no single cause stands out"
+        lines.append(f"  step {s['step']}: {fmt_ns(s['step_time_ns'])} ({s['times_median']:.1f}× the median): {why}")
+    return lines
+
+
+def render_outliers(result: dict, console: Console) -> None:
+    for i, line in enumerate(outlier_lines(result)):
+        console.print((Text("outliers: ", style="yellow") if i == 0 else Text("")) + Text(line), highlight=False)
 
 
 def render_bare(result: dict, console: Console) -> None:
@@ -97,6 +135,16 @@ def render_compiled(result: dict, console: Console) -> None:
 def chain_text(candidate: dict) -> str:
     """A fusion candidate's op chain as the HTML report shows it: ``mul → pow → add``."""
     return " → ".join(op.replace("aten::", "") for op in candidate["ops"])
+
+
+def saving_text(rec: dict) -> str:
+    """A recommendation's GPU-time saving, and the step's bound when the host's launch time caps it
+    (gpudiag.analysis.host_floor): '11.4 ms (step ≤ 2.70 ms)'."""
+    text = fmt_ns(rec["saving_ns_per_step"])
+    bound = rec.get("step_saving_bound_ns")
+    if bound is not None and bound < 0.9 * rec["saving_ns_per_step"]:
+        text += f" (step ≤ {fmt_ns(bound)})"
+    return text
 
 
 def reference_text(candidate: dict) -> str:
