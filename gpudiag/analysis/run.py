@@ -23,6 +23,7 @@ from gpudiag.analysis.attribution import (Steps, attribute, find_steps, launch_c
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.classify import classify
 from gpudiag.analysis.families import kernel_label
+from gpudiag.analysis import host_floor
 from gpudiag.analysis.fusion import fusion_candidates, mark_host_bound, saving_by_kernel
 from gpudiag.analysis.kernel_sequence import kernel_sequence_candidates
 from gpudiag.analysis.compiled import attribute_compiled
@@ -355,6 +356,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     recommendations, suppressed = _recommendations(
         km, detail, idle, runtime_api, api_m, memcpy, steps, measured_ids, n, step_ns, device_peaks, ncu,
         _rule_context(status, dev, compiled, all_candidates, measured_ids)) if n else ([], [])
+    host_ns = host_floor.host_ns_per_step(api_m) if n else None  # the step cannot get shorter than this
+    host_floor.bound_by_host(recommendations, float(measured["step_time_ns"].median()) if n else 0.0, host_ns)
     candidates = all_candidates[:10]
     fusion_note = mark_host_bound(candidates, recommendations)
     module_texts = nvtx["text"].dropna()
@@ -430,6 +433,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "fusion_candidates": candidates,
         "fusion_saving_by_kernel": saving_by_kernel(all_candidates),
         "fusion_note": fusion_note,
+        "host_ns_per_step": host_ns,
         "fusion_source": fusion_source,
         "operator_classes": _operator_classes(km) if n else [],
         "roofline_points": (points := _roofline_points(km, n)) if n else [],

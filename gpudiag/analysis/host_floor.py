@@ -1,0 +1,72 @@
+"""The host's floor under the step: a GPU-time saving shortens the step only until the host, which
+launches the step's work, becomes the limit.
+
+ResNet-50 NCHW training on the H100 (docs/proof.md, 2026-11-23): channels_last removed 11.4 ms of
+kernel time per step, yet the step went from 31.20 to 29.49 ms. The capture shows why: the
+launching thread needed 29.5 ms per step to issue the step's 959 launches, with almost no time
+blocked, so the GPU had been barely ahead of the host. The measured step after the change equals
+that host time.
+
+The host time per step is read from the runtime API trace of the measured steps: the span from the
+step's first to its last launch call, over all threads of the process (autograd launches the
+backward from its own thread while the training loop's thread waits in ``backward()``), minus the
+time spent blocked (synchronizing calls, and launch calls longer than :data:`BLOCKED_FACTOR` x the
+median launch call: a launch waits when the launch queue is full).
+Under tracing every API call costs more, so this floor is an upper bound of the untraced host's.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+LAUNCH_API = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel|cudaLaunchKernelExC|cudaGraphLaunch|cuGraphLaunch|cudaLaunchCooperativeKernel)")
+SYNC_API = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaStreamWaitEvent|cudaMemcpy(_v\d+)?$)")
+# A launch call this many times longer than the median one was blocked (the launch queue was full):
+# gpudiag's choice; launch calls under nsys take 4-8 us at the median on the H100 captures.
+BLOCKED_FACTOR = 3.0
+
+# Rules whose saving is GPU time only: the host launches the same work (or nearly) after the fix.
+# The others cut host work too (torch.compile, a fused optimizer, CUDA graphs, a larger batch).
+GPU_ONLY_RULES = {"GD-CHANNELS-LAST", "GD-FP32-UNDER-AUTOCAST", "GD-SMALL-GRID", "GD-GEMM-ALIGN", "GD-FP32-MATMUL",
+                  "GD-UNFUSED-ATTENTION", "GD-ATTENTION-NOT-FLASH", "GD-UNFUSED-NORM", "GD-LOCAL-MEMORY",
+                  "GD-UNCOALESCED", "GD-LOW-OCCUPANCY", "GD-MULTI-STREAM", "GD-INFERENCE-QUANTIZATION"}
+
+
+def host_ns_per_step(api: pd.DataFrame) -> float | None:
+    """Median over the measured steps of the host's busy time per step, in ns.
+
+    ``api``: the measured steps' runtime API calls of one process (start_ns, end_ns, name, step).
+    None without launch calls; blocked time is subtracted as the module docstring says."""
+    if api.empty or "step" not in api:
+        return None
+    calls = api
+    is_launch = calls["name"].astype(str).str.match(LAUNCH_API)
+    duration = (calls["end_ns"] - calls["start_ns"]).astype(float)
+    typical = float(duration[is_launch].median())
+    blocked = np.where(is_launch, np.clip(duration - BLOCKED_FACTOR * typical, 0, None),
+                       np.where(calls["name"].astype(str).str.match(SYNC_API), duration, 0.0))
+    frame = calls.assign(blocked=blocked, launch=is_launch)
+    per_step = []
+    for _, s in frame.groupby("step"):
+        ls = s[s["launch"]]
+        if len(ls) >= 2:
+            inside = s[(s["start_ns"] >= ls["start_ns"].min()) & (s["start_ns"] <= ls["start_ns"].max())]
+            per_step.append(float(ls["start_ns"].max() - ls["start_ns"].min()) - float(inside["blocked"].sum()))
+    return float(np.median(per_step)) if per_step else None
+
+
+def bound_by_host(recommendations: list[dict], step_ns: float, host_ns: float | None) -> list[dict]:
+    """Adds ``step_saving_bound_ns`` (ns per step) to each GPU-time-only recommendation: the most the
+    step can shorten before the host's launch time bounds it, min(saving, step - host); and
+    ``host_ns_per_step``. Other rules are left as they are. Returns the same list."""
+    if host_ns is None or not step_ns:
+        return recommendations
+    room = max(step_ns - host_ns, 0.0)
+    for r in recommendations:
+        if r["rule_id"] in GPU_ONLY_RULES:
+            r["host_ns_per_step"] = host_ns
+            r["step_saving_bound_ns"] = min(r["saving_ns_per_step"], room)
+    return recommendations
