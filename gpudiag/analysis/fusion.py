@@ -1,17 +1,20 @@
-"""Fusion candidates: chains of consecutive memory- or launch-bound kernels that one fused kernel
-could replace.
+"""Fusion candidates: groups of memory- or launch-bound op calls that one fused kernel could replace.
 
-On the detail step, op calls are taken in launch order. A chain grows while the next op call
-- runs on the same stream, in the same scope (the same module's forward, or the backward pass),
-- launched only bandwidth- or overhead-bound kernels (no GEMM, convolution or attention), and
-- reads a storage an op call of the chain read or wrote (storage addresses recorded with the op
-  shapes): it consumes what the chain produced, or shares its input (element-wise formulas are
-  small DAGs: GELU's x³ and 0.5·x both read x).
-A chain of two or more op calls is a candidate. Its fused floor is one pass over its external bytes
-(inputs it did not produce, and outputs read after it ends) at peak bandwidth, plus one launch
-(the calibrated or default eager launch cost). Saving per occurrence = the chain's kernel time -
-the floor. Identical chains (same op sequence and shapes) are grouped; candidates are ranked by
-saving x occurrences per step, with the module paths where they occur.
+On the detail step, the op calls' recorded storage addresses give the data-flow graph: an edge from
+the op call that wrote a storage to each op call that read that version of it. A group is a
+connected set of op calls that
+- launched only bandwidth- or overhead-bound kernels (no GEMM, convolution or attention),
+- run on the same stream, in the same scope (a module's forward with its children, or the backward),
+- are joined only through intermediates that no GEMM (or other excluded op) also reads, and
+- is convex: no member depends on another through an op call outside the group (a block's two
+  residual adds have the MLP's GEMMs between them on the data path, so they are two groups),
+even when a GEMM runs between members in time (SwiGLU: silu(gate(x)) * up(x), with up_proj's GEMM
+between silu and mul). A group of two or more kernel-launching op calls is a candidate. Its fused
+floor is one pass over its external bytes (inputs it did not produce, and outputs read after it,
+the backward's saved tensors included) at peak bandwidth, plus one launch (the calibrated or
+default eager launch cost). Saving per occurrence = the group's kernel time - the floor. Identical
+groups (same op sequence and shapes) are merged; candidates are ranked by saving x occurrences per
+step, with the module paths where they occur.
 """
 
 from __future__ import annotations
