@@ -26,7 +26,7 @@ from conftest import EXPORTS, FIXTURES, status_of
 
 ZOO = FIXTURES / "zoo"
 RUNS = {e["workload"]: e for e in json.loads((ZOO / "zoo_runs.json").read_text())}
-COMPILED = {"bert_compile", "gpt2_decode"}
+COMPILED = {"bert_compile", "gpt2_decode", "resnet50_cl_compile"}
 # The first round's workloads, captured with an earlier gpudiag on the H200: the same oracles apply.
 EARLIER = {"swin_t_train_bf16": EXPORTS["swin_t_train_bf16"], "gpt2_train_bf16": EXPORTS["gpt2_train_bf16"]}
 
