@@ -21,12 +21,14 @@ column changes meaning; readers refuse other versions with a message saying to r
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 
 import pandas as pd
 import sqlite_utils
 
 from gpudiag import __version__
+from gpudiag.sources.columnar import as_read_back
 
 SCHEMA_VERSION = 1
 RUN_DB_NAME = "run.sqlite"
@@ -41,6 +43,7 @@ class StoreError(ValueError):
 def write_table(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
     """Replace table ``name`` with ``df``. sqlite-utils creates the table from the column types;
     pandas streams the rows (a per-row Python insert would not scale to millions of kernels)."""
+    _in_memory(db).pop(name, None)
     if name in db.table_names():
         db[name].drop()
     if df.empty:
@@ -63,6 +66,9 @@ def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict) -> sq
         write_table(db, name, df)
     if "kernel_id" in db["kernels"].columns_dict:
         db["kernels"].create_index(["kernel_id"], unique=True, if_not_exists=True)
+    # The analysis that follows reads these frames, not the file: reading millions of rows back
+    # cost as much as writing them (docs/scale.md).
+    _in_memory(db).update({name: as_read_back(df) for name, df in tables.items()})
     return db
 
 
@@ -78,7 +84,18 @@ def read_meta(db: sqlite_utils.Database) -> dict:
 
 
 def read_table(db: sqlite_utils.Database, name: str) -> pd.DataFrame:
-    """Table ``name`` as a DataFrame (empty if the table does not exist)."""
+    """Table ``name`` as a DataFrame (empty if the table does not exist). Tables this process wrote
+    with :func:`create_run_db` come from memory, as they would read back from the file."""
+    kept = _in_memory(db).get(name)
+    if kept is not None:
+        return kept.copy(deep=False)  # copy-on-write: the caller's changes stay its own
     if name not in db.table_names():
         return pd.DataFrame()
     return pd.read_sql_query(f'SELECT * FROM "{name}"', db.conn)
+
+
+_FRAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run database -> {table: frame}
+
+
+def _in_memory(db: sqlite_utils.Database) -> dict[str, pd.DataFrame]:
+    return _FRAMES.setdefault(db, {})

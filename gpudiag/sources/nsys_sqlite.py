@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpudiag.sources import row_checks
+from gpudiag.sources import columnar, row_checks
 
 PID_MASK = 0xFFFFFFFFFF000000  # globalTid -> globalPid (NVIDIA nsys export documentation)
 
@@ -78,7 +78,8 @@ def _select(conn, table: str, wanted: dict[str, str], tables: set[str], missing:
         else:
             parts.append(f'NULL AS "{dst}"')
             missing.append(f"{table}.{src}")
-    return pd.read_sql_query(f"SELECT {', '.join(parts)} FROM {table} {where}", conn)
+    rows = conn.execute(f"SELECT MAX(rowid) FROM {table}").fetchone()[0]  # cheap: the last key of the b-tree
+    return columnar.read_sql(conn, f"SELECT {', '.join(parts)} FROM {table} {where}", rows_hint=rows or 0)
 
 
 def _strings(conn, tables: set[str], missing: list[str], dropped: dict) -> pd.Series:

@@ -1,0 +1,60 @@
+"""The fast paths of reading (connectorx) and of the run database kept in memory give exactly the
+frames the slow paths give (pandas over sqlite3): same columns, types, values and odd-row counts."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+
+import pandas as pd
+import pytest
+import sqlite_utils
+
+from gpudiag import store
+from gpudiag.analysis.run import ingest
+from gpudiag.sources import columnar
+from gpudiag.sources.nsys_sqlite import read_export
+
+FRAMES = ("kernels", "runtime_api", "memcpy", "memset", "sync", "nvtx_ranges", "devices")
+pytest.importorskip("connectorx")
+
+
+def _read(path, monkeypatch, fast: bool):
+    monkeypatch.setattr(columnar, "FAST_MIN_ROWS", 0 if fast else 10 ** 18)
+    return read_export(path)
+
+
+def _same(a, b) -> None:
+    for name in FRAMES:
+        pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name), obj=name)
+    assert (a.dropped, a.missing, a.rows_read) == (b.dropped, b.missing, b.rows_read)
+
+
+@pytest.mark.parametrize("name", ["gpt2_train_bf16", "input_pipeline_good", "tiny_gemm_gelu", "zoo_bert_compile"])
+def test_connectorx_reads_what_pandas_reads(export_path, monkeypatch, name):
+    path = export_path(name)
+    _same(_read(path, monkeypatch, fast=True), _read(path, monkeypatch, fast=False))
+
+
+def test_odd_values_fall_back_to_pandas_and_are_counted_the_same(export_path, monkeypatch, tmp_path):
+    """Text in an integer column, a real in a timestamp, non-UTF-8 text: connectorx refuses them,
+    pandas reads them, the row checks count the same odd rows."""
+    path = tmp_path / "odd.sqlite"
+    shutil.copy(export_path("tiny_gemm_gelu"), path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET gridX = 'abc' WHERE rowid = 2")
+        conn.execute('UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = 1.5 WHERE rowid = 3')
+        conn.execute("UPDATE StringIds SET value = CAST(X'6B65726E656CFFFE' AS TEXT) WHERE id = "
+                     "(SELECT nameId FROM CUPTI_ACTIVITY_KIND_RUNTIME LIMIT 1)")
+    fast, slow = _read(path, monkeypatch, fast=True), _read(path, monkeypatch, fast=False)
+    _same(fast, slow)
+    assert fast.dropped["kernels"] and "text" in fast.dropped
+
+
+def test_run_database_in_memory_equals_the_file(export_path, tmp_path):
+    """analyse reads the frames ingest kept; they equal what reading the written file gives."""
+    db = ingest(export_path("input_pipeline_good"), tmp_path / "run.sqlite")
+    disk = sqlite_utils.Database(tmp_path / "run.sqlite")
+    for name in FRAMES:
+        pd.testing.assert_frame_equal(store.read_table(db, name), store.read_table(disk, name), obj=name)
+    assert store.read_table(db, "kernels") is not store.read_table(db, "kernels")  # callers get their own frame
