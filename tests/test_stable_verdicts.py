@@ -31,3 +31,16 @@ def test_the_captures_really_differ(reports):
 def test_layout_is_the_top_advice_for_nchw_resnet(reports):
     """ResNet-50 written as most people write it (NCHW) gets channels_last first (issue 11)."""
     assert all(r["recommendations"][0]["rule_id"] == "GD-CHANNELS-LAST" for r in reports)
+
+
+def test_near_equal_savings_rank_by_rule_order():
+    """Savings within RANK_RESOLUTION of each other keep RULES order, so a few % of capture-to-
+    capture noise cannot swap two recommendations; a clearly larger saving still ranks first."""
+    from gpudiag.analysis.recommend import rank
+
+    order = {"small_grids": 0, "batch_headroom": 1}
+    a = {"rule": "small_grids", "rule_id": "GD-SMALL-GRID", "saving_ns_per_step": 3.00e6}
+    b = {"rule": "batch_headroom", "rule_id": "GD-BATCH-HEADROOM", "saving_ns_per_step": 3.03e6}
+    assert [r["rule_id"] for r in rank([b, a], order)] == ["GD-SMALL-GRID", "GD-BATCH-HEADROOM"]
+    b["saving_ns_per_step"] = 4.0e6
+    assert [r["rule_id"] for r in rank([a, b], order)] == ["GD-BATCH-HEADROOM", "GD-SMALL-GRID"]

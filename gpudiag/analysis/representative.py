@@ -99,7 +99,9 @@ def _correct_overhead_rule(report: dict, inflation_ns: float, bare_ns: float) ->
             suppressed.append(rec)
         else:
             kept.append(rec)
-    report["recommendations"] = kept
+    from gpudiag.analysis.recommend import RULES, rank  # the corrected saving may change its place
+
+    report["recommendations"] = rank(kept, {rule.__name__: i for i, rule in enumerate(RULES)})
 
 
 def apply_bare_run(report: dict) -> dict:
