@@ -12,17 +12,14 @@ from pathlib import Path
 import click
 
 from gpudiag.analysis.errors import AnalysisError
-from gpudiag.analysis.run import analyse, ingest
 from gpudiag.capture.calibrate import CALIBRATION_NAME
 from gpudiag.capture.run import NCU_NAME, SQLITE_NAME, STATUS_NAME
 from gpudiag.cli.errors import UserError, commit, internal_error, make_output_folder, partial, write_atomically, written_or_removed
 from gpudiag.cli.options import AnalysisOptions, analysis_options
-from gpudiag.reports import html, json_report, terminal
-from gpudiag.sources.ncu import NcuError
-from gpudiag.sources.nsys_sqlite import ExportError
-from gpudiag.store import RUN_DB_NAME
 
-REPORT_FILES = ("report.html", "report.json", RUN_DB_NAME)
+# The analysis, readers and report writers (pandas, plotly, jinja2, rich) are imported in the
+# functions that use them, so that `gpudiag --help` starts fast (tests/test_cli_startup.py).
+REPORT_FILES = ("report.html", "report.json", "run.sqlite")  # the last is store.RUN_DB_NAME (a test checks)
 
 
 def read_status(path: Path) -> dict | None:
@@ -91,6 +88,8 @@ def read_calibration(path: Path, gpu: str | None) -> dict:
 def write_reports(result: dict, out_dir: Path) -> None:
     """report.json and report.html of ``result`` in ``out_dir``, each renamed into place only when
     complete (a full disk leaves the old files or none)."""
+    from gpudiag.reports import html, json_report
+
     write_atomically({out_dir / "report.json": json_report.to_json(result), out_dir / "report.html": html.render(result)})
 
 
@@ -98,6 +97,11 @@ def _ingest_and_analyse(export: Path, out_dir: Path, options: AnalysisOptions, s
                         ncu: Path | None, calibration: dict | None, top: int) -> dict:
     """The run database (under its partial name in ``out_dir``, see :func:`commit`) and the analysis
     result; UserError naming the user's files."""
+    from gpudiag.analysis.run import analyse, ingest
+    from gpudiag.sources.ncu import NcuError
+    from gpudiag.sources.nsys_sqlite import ExportError
+    from gpudiag.store import RUN_DB_NAME
+
     with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
         source = _decompressed(export, Path(tmp))
         ncu_source = _decompressed(ncu, Path(tmp)) if ncu else None
@@ -131,6 +135,8 @@ def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, st
         result = _ingest_and_analyse(export, out_dir, options, status, ncu, calibration, top)
         write_reports(result, out_dir)
         commit(out_dir / "run.sqlite")
+    from gpudiag.reports import json_report, terminal
+
     if as_json:
         click.echo(json_report.to_json(result))
     else:
@@ -198,7 +204,7 @@ def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, ncu: 
         peaks_file = source / CALIBRATION_NAME
     calibration = None
     if peaks_file:
-        from gpudiag.sources.nsys_sqlite import read_gpu_in_use
+        from gpudiag.sources.nsys_sqlite import ExportError, read_gpu_in_use
 
         try:
             gpu = read_gpu_in_use(export)[0] if export.suffix != ".xz" else None
