@@ -19,6 +19,10 @@ replace it. Rules, in order:
    kernel name and launch configuration inherit the detail step's numbers.
 3. otherwise (evidence ``heuristic``): GEMM, convolution and attention kernels are compute-bound,
    everything else bandwidth-bound.
+
+Collective-library kernels (family ``communication``, :mod:`gpudiag.analysis.families`) are class
+``communication`` whatever their duration or shapes: they are outside the roofline (their time is
+set by the links and by waiting for the other ranks), so they get no FLOPs, bytes or efficiency.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analysis.costmodel import CONTRACTION_OPS, op_cost
-from gpudiag.analysis.families import CONTRACTION_FAMILIES, families
+from gpudiag.analysis.families import COMMUNICATION, CONTRACTION_FAMILIES, families
 from gpudiag.analysis.peaks import DevicePeaks
 
 CONFIG_COLUMNS = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
@@ -103,7 +107,7 @@ def _ncu_rows_by_instance(ncu: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
 def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeaks,
              ncu: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per kernel (same order): kernel_id, family, config_key, kernel_class
-    (compute/bandwidth/overhead), evidence (ncu/shapes/heuristic), flop, bytes, math_path,
+    (compute/bandwidth/overhead/communication), evidence (ncu/shapes/heuristic), flop, bytes, math_path,
     intensity (FLOP/byte), ridge (FLOP/byte), achieved_flop_per_s, achieved_bytes_per_s,
     efficiency (roofline floor / duration; NaN without shapes)."""
     out = pd.DataFrame({"kernel_id": kernels["kernel_id"].to_numpy(), "family": families(kernels["name"]).to_numpy(),
@@ -156,4 +160,10 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
     roofline_known = has_shapes & np.isfinite(out["ridge"].to_numpy()) & np.isfinite(out["intensity"].to_numpy())
     out["kernel_class"] = np.where(overhead, "overhead", np.where(roofline_known, by_roofline, by_family))
     out["evidence"] = np.where(roofline_known, evidence, "heuristic")
+    comm = (out["family"] == COMMUNICATION).to_numpy()
+    if comm.any():  # outside the roofline: no roofline numbers, whatever op launched them
+        out.loc[comm, "kernel_class"], out.loc[comm, "evidence"] = COMMUNICATION, "heuristic"
+        roof = ["flop", "bytes", "intensity", "ridge", "achieved_flop_per_s", "achieved_bytes_per_s", "efficiency"]
+        out.loc[comm, roof] = np.nan
+        out.loc[comm, "math_path"] = None
     return out

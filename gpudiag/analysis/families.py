@@ -2,7 +2,10 @@
 
 Patterns are matched in order, case-insensitively, on the demangled name. They cover the names
 PyTorch's ATen, cuBLAS/cuBLASLt (incl. nvjet and CUTLASS sm90 kernels), cuDNN, FlashAttention and
-Triton (Inductor) emit; anything else is ``other``.
+Triton (Inductor) emit; anything else is ``other``. Collective-library kernels (NCCL/RCCL
+``ncclDevKernel_*``/``ncclKernel_*``, MSCCL, NVSHMEM, vLLM's ``cross_device_reduce`` custom
+all-reduce, PyTorch symmetric-memory all-reduce) are family ``communication``, matched first: their
+names hold "Reduce" and would otherwise land in ``reduce``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import re
 import pandas as pd
 
 FAMILY_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("communication", r"nccl|msccl|nvshmem|cross_device_reduce|(?:one|two)_shot_all_reduce|multimem_all_(?:reduce|gather)"),
     ("attention", r"flash|fmha|attention|sdpa|mha_|_attn"),
     ("conv", r"conv(olution|_|\d)|implicit_gemm|winograd|fprop|dgrad|wgrad"),
     ("gemm", r"gemm|cutlass|cublas|nvjet|xmma|wgmma|sm\d+_xmma|matmul|_mma_"),
@@ -25,6 +29,9 @@ FAMILY_PATTERNS: tuple[tuple[str, str], ...] = (
 )
 
 _COMPILED = [(family, re.compile(pattern, re.IGNORECASE)) for family, pattern in FAMILY_PATTERNS]
+
+# Collective communication: outside the roofline (its time is link/peer bound, its small grids deliberate).
+COMMUNICATION = "communication"
 
 # Families whose kernels are tensor contractions (the compute-bound candidates).
 CONTRACTION_FAMILIES = frozenset({"gemm", "conv", "attention"})

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from gpudiag.analysis.costmodel import CONTRACTION_OPS, ITEMSIZE, _tensors, storage_ids
 from gpudiag.analysis.expert_rules import EXPERT_RULES
-from gpudiag.analysis.families import CONTRACTION_FAMILIES, kernel_label
+from gpudiag.analysis.families import COMMUNICATION, CONTRACTION_FAMILIES, kernel_label
 from gpudiag.analysis.peaks import DevicePeaks
 
 SYNC_APIS = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy(_v\d+)?$|cudaMemcpy2D(_v\d+)?$)")
@@ -536,6 +536,8 @@ def recommend_split(ctx: RuleContext) -> tuple[list[dict], list[dict]]:
     shown, suppressed = [], []
     if not ctx.step_ns or ctx.step_ns <= 0:  # no step length (a broken export): no share to judge by
         return shown, suppressed
+    if "kernel_class" in ctx.km:  # no roofline rule applies to collectives (NCCL's small grids are deliberate)
+        ctx = replace(ctx, km=ctx.km[ctx.km["kernel_class"] != COMMUNICATION])
     for rule in RULES:
         rec = rule(ctx)
         if rec is None:
