@@ -16,7 +16,7 @@ import pandas as pd
 import sqlite_utils
 
 from gpudiag import __version__, nvtx_names, store
-from gpudiag.analysis import invariants, outliers, overlaps
+from gpudiag.analysis import comm, invariants, outliers, overlaps
 from gpudiag.analysis import peaks as peaks_mod
 from gpudiag.analysis.attribution import (Steps, attribute, find_steps, launch_calls, op_call_payloads, run_flags,
                                           window_index)
@@ -36,7 +36,7 @@ from gpudiag.sources.ncu import read_ncu
 from gpudiag.sources.nsys_sqlite import kernel_summary, read_export
 
 REPORT_SCHEMA_VERSION = 1
-CLASSES = ("compute", "bandwidth", "overhead")
+CLASSES = ("compute", "bandwidth", "overhead", "communication")  # communication: collectives, outside the roofline
 
 
 def ingest(export_path: Path, db_path: Path, source_name: str | None = None,
@@ -320,7 +320,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     ps = pd.DataFrame([e for e in per_step if e["measured"] and "compute_ns" in e])
     step_ns = float(measured["step_time_ns"].mean()) if n else float("nan")
     breakdown = {}
-    for key in ("compute_ns", "bandwidth_ns", "overhead_ns", "other_idle_ns"):
+    for key in ("compute_ns", "bandwidth_ns", "overhead_ns", "communication_ns", "other_idle_ns"):
         value = float(ps[key].mean()) if not ps.empty else 0.0
         breakdown[key.replace("other_idle", "idle")] = value
     breakdown_percent = {k2.replace("_ns", ""): 100.0 * v / step_ns if step_ns else None for k2, v in breakdown.items()}
@@ -454,6 +454,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         },
         "instrumentation": instrumentation,
         "launches_per_step": launch_counts(km, api_m, n),
+        "communication": comm.communication(k, measured_ids, n, step_ns) if n else None,
         "warnings": warnings,
     }))
 

@@ -23,13 +23,14 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
     for warning in result.get("warnings", []):
         console.print(Text("warning: ", style="yellow") + Text(warning), highlight=False)
     summary = Table(show_header=True, header_style="bold")
-    for col in ("step time (median)", "GPU busy", "compute", "bandwidth", "overhead", "idle"):
-        summary.add_column(col, justify="right")
     bp = result["breakdown_percent"]
+    classes = ("compute", "bandwidth", "overhead") + (("communication",) if bp.get("communication") else ()) + ("idle",)
+    for col in ("step time (median)", "GPU busy") + classes:
+        summary.add_column(col, justify="right")
     summary.add_row(fmt_ns(steps["step_time_ns"]["median"]), fmt_pct(result["gpu_busy_percent"]),
-                    fmt_pct(bp.get("compute")), fmt_pct(bp.get("bandwidth")), fmt_pct(bp.get("overhead")),
-                    fmt_pct(bp.get("idle")))
+                    *(fmt_pct(bp.get(c)) for c in classes))
     console.print(summary)
+    render_communication(result, console)
     render_outliers(result, console)
     render_bare(result, console)
     render_compiled(result, console)
@@ -55,6 +56,29 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
         if pairs:
             console.print(Text("not to be added up (they count the same time): " + "; ".join(pairs)), highlight=False)
     render_fusion(result, console)
+
+
+def render_communication(result: dict, console: Console) -> None:
+    """One line on collective communication (exposed vs hidden), then the per-rank table when the
+    export holds several processes (:mod:`gpudiag.analysis.ranks`)."""
+    comm = result.get("communication")
+    if comm:
+        console.print(Text(f"communication: {fmt_ns(comm['kernel_ns_per_step'])}/step in collectives, "
+                           f"{fmt_ns(comm['exposed_ns_per_step'])} exposed ({fmt_pct(comm['exposed_percent_of_step'])} "
+                           f"of the step), the rest hidden behind compute"), highlight=False)
+    ranks = result.get("ranks")
+    if not ranks:
+        return
+    table = Table(title=f"ranks ({len(ranks['ranks'])} processes)", show_header=True, header_style="bold")
+    for col in ("rank", "pid", "GPU", "step time (median)", "GPU busy", "exposed comm/step", "vs fastest"):
+        table.add_column(col, justify="right")
+    for r in ranks["ranks"]:
+        table.add_row(Text(str(r["rank"] if r["rank"] is not None else "-")), str(r["pid"]), str(r["device_id"]),
+                      fmt_ns(r["step_time_ns_median"]), fmt_pct(r["gpu_busy_percent"]),
+                      fmt_ns(r["exposed_communication_ns_per_step"]), fmt_pct(r["slower_than_fastest_percent"]))
+    console.print(table)
+    if ranks.get("slowest"):
+        console.print(Text(ranks["slowest"]["text"]), highlight=False)
 
 
 def overlap_pairs(recs: list[dict]) -> list[str]:
