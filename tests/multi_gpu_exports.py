@@ -90,7 +90,8 @@ def two_ranks(source: Path, target: Path, stretch: float = 1.0) -> Path:
         t0 = conn.execute("SELECT MIN(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
         for table in names:
             cols = [c[1] for c in conn.execute(f'PRAGMA table_info("{table}")')]
-            if not {"globalPid", "globalTid", "deviceId"} & set(cols) or table.startswith("TARGET_INFO_CUDA"):
+            # the process's own activity (CUDA, NVTX) and the GPU list; not files, strings or enums
+            if not (table.startswith("CUPTI_ACTIVITY_KIND_") or table in ("NVTX_EVENTS", "TARGET_INFO_GPU")):
                 continue
             if table == "TARGET_INFO_GPU":  # the second GPU: same model, next id
                 exprs = [f'"{c}" + 1' if c in ("id", "deviceId") else f'"{c}"' for c in cols]

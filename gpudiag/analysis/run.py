@@ -16,7 +16,7 @@ import pandas as pd
 import sqlite_utils
 
 from gpudiag import __version__, nvtx_names, store
-from gpudiag.analysis import comm, invariants, outliers, overlaps
+from gpudiag.analysis import comm, invariants, outliers, overlaps, ranks
 from gpudiag.analysis import peaks as peaks_mod
 from gpudiag.analysis.attribution import (Steps, attribute, find_steps, launch_calls, op_call_payloads, run_flags,
                                           window_index)
@@ -193,13 +193,16 @@ def _per_step_metrics(km: pd.DataFrame, measured: pd.DataFrame, per_step: list[d
 
 
 def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | None = None,
-            status: dict | None = None, top: int = 20, calibration: dict | None = None) -> dict:
+            status: dict | None = None, top: int = 20, calibration: dict | None = None,
+            process: int | None = None, rank_workers: int | None = None) -> dict:
     """Analyse the run database ``db``; returns report.json's content (see module docstring).
 
     Writes ``kernel_attribution``, ``kernel_class`` and ``steps`` tables back into ``db``.
     Raises :class:`AnalysisError` when the export has no kernels or ``steps_from`` is an invalid
-    regular expression. An export of several processes is reported for the one with the most
-    kernel time (with a warning). ``calibration`` (a ``gpudiag calibrate`` entry of the same GPU)
+    regular expression (or ``process``, a ``global_pid``, launched no kernel). ``process`` restricts
+    the analysis to that process. Without it, an export of several processes is reported for the
+    one with the most kernel time (with a warning), and report.json's ``ranks`` compares every
+    process, each analysed in a pool of ``rank_workers`` processes (:mod:`gpudiag.analysis.ranks`). ``calibration`` (a ``gpudiag calibrate`` entry of the same GPU)
     replaces datasheet peaks with measured ones."""
     meta = store.read_meta(db)
     kernels = store.read_table(db, "kernels")
@@ -221,10 +224,15 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
 
     # One process per report: step numbers, stream ids and correlation ids are per process.
     kernel_ns_by_pid = kernels.groupby("global_pid")["duration_ns"].sum()
+    procs = ranks.processes(kernels) if len(kernel_ns_by_pid) > 1 and process is None else None
+    if process is not None and process not in kernel_ns_by_pid.index:
+        raise AnalysisError(f"process {ranks.os_pid(process)} (globalPid {process}) launched no kernel in this export")
     if len(kernel_ns_by_pid) > 1:
-        pid = kernel_ns_by_pid.idxmax()
-        warnings.append(f"{len(kernel_ns_by_pid)} processes launched kernels; this report covers the one with the most "
-                        f"kernel time (pid {int(pid) >> 24}, {100 * kernel_ns_by_pid[pid] / kernel_ns_by_pid.sum():.0f} %)")
+        pid = kernel_ns_by_pid.idxmax() if process is None else process
+        if process is None:
+            warnings.append(f"{len(kernel_ns_by_pid)} processes launched kernels; this report covers the one with the most "
+                            f"kernel time (pid {ranks.os_pid(pid)}, {100 * kernel_ns_by_pid[pid] / kernel_ns_by_pid.sum():.0f} %); "
+                            "the ranks table compares them all")
         kernels = kernels[kernels["global_pid"] == pid].reset_index(drop=True)
         runtime_api, nvtx, memcpy, memset = (df[df["global_pid"] == pid].reset_index(drop=True) if not df.empty else df
                                              for df in (runtime_api, nvtx, memcpy, memset))
@@ -398,7 +406,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         warnings.append(f"the script failed (exit code {status.get('exit_code')}): {status.get('exception') or 'see gpudiag.log'}; "
                         "this report covers what was captured until then")
 
-    return invariants.check(apply_bare_run({
+    report = invariants.check(apply_bare_run({
         "schema_version": REPORT_SCHEMA_VERSION,
         "gpudiag_version": __version__,
         "source": meta.get("source"),
@@ -457,6 +465,14 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "communication": comm.communication(k, measured_ids, n, step_ns) if n else None,
         "warnings": warnings,
     }))
+    if procs is not None:  # every process analysed on its own (the main one again: a plain function of the file)
+        options = {"warmup_steps": warmup_steps, "steps_from": steps_from, "status": status, "top": top,
+                   "calibration": calibration}
+        db.conn.commit()
+        path = ranks.database_file(db)
+        reports = (ranks.analyse_processes(path, procs["global_pid"].tolist(), options, rank_workers) if path else {})
+        report["ranks"] = ranks.merged_view(procs, reports, status)
+    return report
 
 
 def _rule_context(status: dict | None, dev: pd.Series, compiled: dict, candidates: list[dict], measured_ids) -> dict:

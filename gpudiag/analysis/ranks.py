@@ -1,0 +1,135 @@
+"""Several processes in one export (``torchrun`` under one ``nsys profile``): one analysis per
+process, and a merged view of the ranks side by side.
+
+The per-process analysis is a plain function of (run database file, process):
+:func:`analyse_process` copies the run database into memory (the analysis writes its tables back,
+and ranks must not overwrite each other's) and runs :func:`gpudiag.analysis.run.analyse` on that
+process alone, so a process pool (here) or a cluster engine can map it over processes. The merged
+view (:func:`merged_view`) reads the per-rank reports only.
+
+A rank is identified by its process (``global_pid``; the OS pid is bits 24..47) and the GPU that
+ran most of its kernel time; ``RANK``/``LOCAL_RANK`` come from the launcher's status where it
+recorded them (``status["ranks"]``: [{pid, rank, local_rank}]), else they are null.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from concurrent.futures import ProcessPoolExecutor
+
+import pandas as pd
+import sqlite_utils
+
+from gpudiag.analysis.errors import AnalysisError
+
+
+def os_pid(global_pid: int) -> int:
+    """The OS process id inside an nsys ``globalPid`` (bits 24..47)."""
+    return (int(global_pid) >> 24) & 0xFFFFFF
+
+
+def processes(kernels: pd.DataFrame) -> pd.DataFrame:
+    """One row per process that launched kernels, most kernel time first: global_pid, device_id
+    (the GPU with most of its kernel time), kernel_ns."""
+    by = kernels.groupby(["global_pid", "device_id"])["duration_ns"].sum().reset_index()
+    main = by.sort_values("duration_ns", ascending=False).drop_duplicates("global_pid")
+    total = kernels.groupby("global_pid")["duration_ns"].sum()
+    out = pd.DataFrame({"global_pid": main["global_pid"].astype("int64"), "device_id": main["device_id"].astype("int64")})
+    out["kernel_ns"] = out["global_pid"].map(total).astype(float)
+    return out.sort_values("kernel_ns", ascending=False).reset_index(drop=True)
+
+
+def database_file(db: sqlite_utils.Database) -> str | None:
+    """The file behind ``db`` (None for an in-memory database)."""
+    rows = db.conn.execute("PRAGMA database_list").fetchall()
+    return next((r[2] for r in rows if r[1] == "main" and r[2]), None)
+
+
+def analyse_process(run_db: str, global_pid: int, options: dict) -> dict:
+    """report.json's content for process ``global_pid`` of the run database file ``run_db``
+    (``options``: :func:`gpudiag.analysis.run.analyse`'s keyword arguments). The file is only read.
+    Raises AnalysisError as ``analyse`` does."""
+    from gpudiag.analysis.run import analyse
+
+    src = sqlite3.connect(f"file:{run_db}?mode=ro", uri=True)
+    mem = sqlite3.connect(":memory:")
+    try:
+        src.backup(mem)
+    finally:
+        src.close()
+    return analyse(sqlite_utils.Database(mem), process=int(global_pid), **options)
+
+
+def _one(run_db: str, global_pid: int, options: dict) -> dict:
+    """:func:`analyse_process`, with an analysis error kept as the rank's result."""
+    try:
+        return analyse_process(run_db, global_pid, options)
+    except AnalysisError as exc:
+        return {"error": str(exc)}
+
+
+def analyse_processes(run_db: str, pids: list[int], options: dict, workers: int | None = None) -> dict[int, dict]:
+    """global_pid -> report (or {"error": text}) for each of ``pids``; in a process pool of
+    ``workers`` (default: one per process, at most the CPU count) when there is more than one."""
+    if len(pids) <= 1:
+        return {int(p): _one(run_db, p, options) for p in pids}
+    workers = workers or min(len(pids), os.cpu_count() or 1)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {int(p): pool.submit(_one, run_db, int(p), options) for p in pids}
+        return {p: f.result() for p, f in futures.items()}
+
+
+def _rank_ids(status: dict | None) -> dict[int, dict]:
+    """OS pid -> {rank, local_rank} from the launcher's status, where it recorded them."""
+    out = {}
+    for entry in (status or {}).get("ranks") or []:
+        if isinstance(entry, dict) and entry.get("pid") is not None:
+            out[int(entry["pid"])] = {"rank": entry.get("rank"), "local_rank": entry.get("local_rank")}
+    return out
+
+
+def _row(global_pid: int, device_id: int, report: dict, ids: dict) -> dict:
+    steps = (report.get("steps") or {}).get("step_time_ns") or {}
+    comm = report.get("communication") or {}
+    recs = report.get("recommendations") or []
+    return {"global_pid": int(global_pid), "pid": os_pid(global_pid), "device_id": int(device_id),
+            "rank": ids.get("rank"), "local_rank": ids.get("local_rank"),
+            "measured_steps": (report.get("steps") or {}).get("measured"),
+            "step_time_ns_median": steps.get("median"), "step_time_ns_mean": steps.get("mean"),
+            "gpu_busy_percent": report.get("gpu_busy_percent"),
+            "breakdown_percent": report.get("breakdown_percent"),
+            "communication_ns_per_step": comm.get("kernel_ns_per_step"),
+            "exposed_communication_ns_per_step": comm.get("exposed_ns_per_step"),
+            "top_recommendation": recs[0]["rule_id"] if recs else None,
+            "error": report.get("error")}
+
+
+def merged_view(procs: pd.DataFrame, reports: dict[int, dict], status: dict | None = None) -> dict:
+    """report.json's ``ranks``: one row per process (``procs``: :func:`processes`; ``reports``:
+    global_pid -> its report) with step time (ns, median and mean of its measured steps), GPU busy
+    (%), breakdown (%), communication and exposed communication (ns per step); each row's
+    ``slower_than_fastest_percent``; ``slowest``: the rank with the longest median step, its
+    excess over the fastest (ns and %) and a sentence."""
+    ids = _rank_ids(status)
+    rows = [_row(p.global_pid, p.device_id, reports.get(int(p.global_pid), {"error": "not analysed"}),
+                 ids.get(os_pid(p.global_pid), {})) for p in procs.itertuples(index=False)]
+    rows.sort(key=lambda r: (r["rank"] if r["rank"] is not None else 1 << 30, r["device_id"], r["pid"]))
+    timed = [r for r in rows if r["step_time_ns_median"]]
+    fastest = min((r["step_time_ns_median"] for r in timed), default=None)
+    for r in rows:
+        r["slower_than_fastest_percent"] = (100.0 * (r["step_time_ns_median"] - fastest) / fastest
+                                            if fastest and r["step_time_ns_median"] else None)
+    slowest = None
+    if len(timed) > 1:
+        s = max(timed, key=lambda r: r["step_time_ns_median"])
+        excess = s["step_time_ns_median"] - fastest
+        who = f"rank {s['rank']}" if s["rank"] is not None else f"pid {s['pid']}"
+        slowest = {"global_pid": s["global_pid"], "pid": s["pid"], "device_id": s["device_id"], "rank": s["rank"],
+                   "step_time_ns_median": s["step_time_ns_median"], "excess_over_fastest_ns": excess,
+                   "excess_over_fastest_percent": s["slower_than_fastest_percent"],
+                   "text": (f"slowest: {who} on GPU {s['device_id']}, median step {s['step_time_ns_median'] / 1e6:.2f} ms, "
+                            f"{excess / 1e6:.2f} ms ({s['slower_than_fastest_percent']:.1f} %) over the fastest rank")}
+    return {"count": len(rows), "ranks": rows, "slowest": slowest,
+            "identified_by": "process (global_pid) and the GPU with most of its kernel time; RANK/LOCAL_RANK "
+                             "where the launcher recorded them"}
