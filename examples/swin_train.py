@@ -5,7 +5,8 @@
 
 timm ``swin_tiny_patch4_window7_224``, random init, batch 32, AdamW, cross-entropy on random labels.
 ``--fused`` applies the reference kernels gpudiag recommends for it (gpudiag.kernels.timm_swin);
-``--compile`` runs torch.compile on the model (alone, or over the fused kernels), for comparison.
+``--compile`` runs torch.compile on the model (alone, or over the fused kernels), for comparison;
+with both, the patched blocks run timm's code under compile unless ``--fused-under-compile kernels``.
 """
 
 import argparse
@@ -22,6 +23,9 @@ def main() -> None:
     parser.add_argument("--fail-at", type=int, default=None, help="raise at this step (shows crash handling)")
     parser.add_argument("--fused", action="store_true", help="apply gpudiag's reference kernels (gpudiag.kernels.timm_swin)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--fused-under-compile", choices=["timm", "kernels"], default="timm",
+                        help="with --fused --compile: what the patched blocks run under torch.compile "
+                             "(timm's code, the default, or gpudiag's custom ops; see timm_swin.plan)")
     parser.add_argument("--time", action="store_true", help="print the median step time (CUDA events, after 5 warm-up steps)")
     args = parser.parse_args()
     if args.time and args.steps <= 5:
@@ -36,7 +40,10 @@ def main() -> None:
         # slower (docs/kernels_benchmark.md), and gpudiag does not recommend it here.
         from gpudiag.kernels import timm_swin
 
-        timm_swin.apply(model)
+        timm_swin.apply(model, under_compile=args.fused_under_compile)
+        if args.compile:
+            first = next(iter(timm_swin.plan(model).values()))
+            print(f"--fused under --compile: blocks run {first['compiled']}")
     forward = torch.compile(model) if args.compile else model
     images = torch.randn(args.batch, 3, 224, 224, device="cuda")
     labels = torch.randint(0, 1000, (args.batch,), device="cuda")
@@ -61,7 +68,8 @@ def main() -> None:
     if args.time:
         times.sort()
         print(f"median step time {times[len(times) // 2]:.3f} ms over {len(times)} steps (fused={args.fused}, "
-              f"compile={args.compile}); losses of the first 3 steps {[round(v, 4) for v in losses[:3]]}")
+              f"compile={args.compile}, under_compile={args.fused_under_compile}); "
+              f"losses of the first 3 steps {[round(v, 4) for v in losses[:3]]}")
 
 
 if __name__ == "__main__":

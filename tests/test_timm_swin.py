@@ -209,13 +209,54 @@ def test_apply_refuses_a_model_without_swin_blocks(swin):
         timm_swin.apply(nn.Linear(4, 4))
 
 
-def test_patched_timm_swin_compiles_without_graph_break_and_matches_eager(swin):
-    """Under torch.compile the patch calls gpudiag's custom ops (torch.ops.gpudiag.*): no graph break
-    (the autograd Functions it called before crashed Dynamo's fake-tensor trace in Triton's
-    interpreter), the ops in the graph, and the eager patched model's loss and gradients."""
+def _dynamo_graph_ops(model, images) -> list[str]:
+    """The call_function targets of the graph(s) Dynamo captures from ``model(images)``, in order,
+    with graph breaks counted as entries ("graph_break: <reason>")."""
+    ops = []
+
+    def backend(gm, example_inputs):
+        ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward  # run the captured graph as it is: only the capture is compared
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.compile(model, backend=backend)(images)
+    return ops + [f"graph_break: {r}" for r in torch._dynamo.utils.counters["graph_break"]]
+
+
+def test_patched_timm_swin_under_compile_traces_timms_code_by_default(swin):
+    """Default ``under_compile="timm"``: while torch.compile traces, the patched blocks run timm's
+    code, so Dynamo captures exactly the unpatched model's graph (compile + kernels cannot be
+    slower than compile alone: on an H100 the custom ops made the Swin-T batch-32 step 2.2x
+    slower, docs/proof.md), and plan() says so for every block; eager calls still use the kernels."""
     from gpudiag.kernels import timm_swin
 
-    model = timm_swin.apply(_tiny_swin(swin, drop_path_rate=0.6).train())
+    images = torch.randn(2, 3, 56, 56, generator=torch.Generator().manual_seed(1))
+    reference = _tiny_swin(swin, drop_path_rate=0.0).eval()
+    patched = timm_swin.apply(copy.deepcopy(reference))
+    want, got = _dynamo_graph_ops(reference, images), _dynamo_graph_ops(patched, images)
+    assert len(want) > 50 and not [t for t in want if t.startswith("graph_break")]
+    assert got == want  # same ops, same order: no gpudiag op, no graph break
+
+    names = [n for n, m in patched.named_modules() if isinstance(m, swin.SwinTransformerBlock)]
+    steps = timm_swin.plan(patched)
+    assert sorted(steps) == sorted(names)
+    assert all(s["eager"] == "fused kernels" and s["compiled"].startswith("timm: torch.compile fuses")
+               for s in steps.values()), steps
+    assert all(s["compiled"] == "gpudiag custom ops"
+               for s in timm_swin.plan(timm_swin.apply(patched, under_compile="kernels")).values())
+    with pytest.raises(ValueError, match="under_compile='triton': use one of timm, kernels"):
+        timm_swin.apply(patched, under_compile="triton")
+
+
+def test_patched_timm_swin_compiles_without_graph_break_and_matches_eager(swin):
+    """With ``under_compile="kernels"`` the patch calls gpudiag's custom ops (torch.ops.gpudiag.*)
+    under torch.compile: no graph break (the autograd Functions it called before crashed Dynamo's
+    fake-tensor trace in Triton's interpreter), the ops in the graph, and the eager patched model's
+    loss and gradients."""
+    from gpudiag.kernels import timm_swin
+
+    model = timm_swin.apply(_tiny_swin(swin, drop_path_rate=0.6).train(), under_compile="kernels")
     gen = torch.Generator().manual_seed(1)
     images, labels = torch.randn(4, 3, 56, 56, generator=gen), torch.randint(0, 5, (4,), generator=gen)
 
