@@ -38,12 +38,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from gpudiag.cli.errors import INTERNAL_ERROR_MARK  # noqa: E402
+from gpudiag.sources.nsys_sqlite import READ_COLUMNS  # noqa: E402
 # Small real exports keep a case under a second: tiny GEMM+GELU (22 kernels), ViT from the zoo.
 FIXTURES = {"tiny_gemm_gelu": ROOT / "tests" / "fixtures" / "tiny_gemm_gelu.sqlite.xz",
             "vit": ROOT / "tests" / "fixtures" / "zoo" / "vit.sqlite.xz"}
 
-# Tables and the columns gpudiag reads from them (gpudiag/sources/nsys_sqlite.py): a damaged value
-# there must show in a warning; damage elsewhere may pass unnoticed.
+# Tables gpudiag reads (gpudiag/sources/nsys_sqlite.py; READ_COLUMNS names the columns it reads from
+# each, and a missing one is a warning): damage there must show in a warning, elsewhere it may pass.
 TIMED = {"CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMSET",
          "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"}
 TARGETS = sorted(TIMED | {"NVTX_EVENTS", "StringIds", "TARGET_INFO_GPU", "ENUM_CUDA_MEMCPY_OPER"})
@@ -58,6 +59,10 @@ class Mutation:
 
     description: str
     must_warn: bool = False
+    # SQL counting the damaged rows still in the file; a later mutation can remove them (rows
+    # deleted, table or column dropped: a dropped table or column warns on its own), and then no
+    # warning is owed for this one. See :func:`recheck`.
+    still: str | None = None
 
 
 @dataclass
@@ -75,6 +80,32 @@ class Case:
 
     def describe(self) -> str:
         return f"seed {self.seed} ({self.fixture}): " + "; ".join(m.description for m in self.mutations)
+
+
+def _impossible_times(table: str) -> str:
+    """SQL counting rows of ``table`` whose start/end no capture can hold: not an integer (NULL, text,
+    bytes, 1.5), beyond 2**53 ns, or end before start. An oracle written apart from gpudiag's own
+    check (gpudiag/sources/row_checks.valid_times), on the stored values."""
+    lim = 2**53
+    ok = " AND ".join([f"typeof({c}) IN ('integer', 'real') AND {c} = CAST({c} AS INTEGER) AND {c} > -{lim} AND {c} < {lim}"
+                       for c in ("start", '"end"')] + ['"end" >= start'])
+    return f'SELECT COUNT(*) FROM "{table}" WHERE NOT ({ok})'
+
+
+def _count(con, sql: str) -> int:
+    try:
+        return con.execute(sql).fetchone()[0]
+    except sqlite3.OperationalError:  # the table or column is gone
+        return 0
+
+
+def recheck(con, case: "Case") -> None:
+    """After all SQL mutations: a mutation whose damaged rows are no longer in the file (deleted,
+    their table or column dropped by a later mutation) owes no warning of its own."""
+    for m in case.mutations:
+        if m.must_warn and m.still and not _count(con, m.still):
+            m.must_warn = False
+            m.description += " (undone by a later mutation)"
 
 
 def _tables(con) -> list[str]:
@@ -129,9 +160,8 @@ def m_drop_column(rng, con) -> Mutation | None:
     con.execute(f'CREATE TABLE "_fz" AS SELECT {", ".join(chr(34) + c + chr(34) for c in keep)} FROM "{table}"')
     con.execute(f'DROP TABLE "{table}"')
     con.execute(f'ALTER TABLE "_fz" RENAME TO "{table}"')
-    read = column in {"start", "end", "correlationId", "demangledName", "shortName", "globalTid", "nameId",
-                      "globalPid", "deviceId", "streamId", "gridX", "blockX", "value", "id", "text", "textId"}
-    return Mutation(f"drop column {table}.{column}", must_warn=read and table != "ENUM_CUDA_MEMCPY_OPER")
+    # a column gpudiag reads is named in "missing from the export"; MEMSET.value, say, is not read
+    return Mutation(f"drop column {table}.{column}", must_warn=column in READ_COLUMNS.get(table, {}))
 
 
 def m_cells(rng, con) -> Mutation | None:
@@ -146,11 +176,11 @@ def m_cells(rng, con) -> Mutation | None:
     _unconstrained(con, table)
     changed = con.execute(f'UPDATE "{table}" SET "{column}" = ? WHERE {cond}', (value,)).rowcount
     timed = table in TIMED and column in {"start", "end"}
-    # NULL, non-numeric or beyond-2**53 timestamps are dropped and counted
-    must = timed and kind in {"NULL", "huge", "wrong type"} and value not in ("1.5e9",)
-    must = must or (timed and kind == "negative" and column == "end")  # end before start
+    # NULL, non-numeric, beyond-2**53 or backwards timestamps are dropped and counted ('1.5e9' is
+    # stored as the integer 1500000000 in an INTEGER column: a time, if an odd one)
+    still = _impossible_times(table) if timed else None
     return Mutation(f"{words} of {table}.{column} set to {kind} ({value!r}, {changed} rows)",
-                    must_warn=must and changed > 0)
+                    must_warn=timed and changed > 0 and _count(con, still) > 0, still=still)
 
 
 def m_end_before_start(rng, con) -> Mutation | None:
@@ -163,7 +193,7 @@ def m_end_before_start(rng, con) -> Mutation | None:
     sql = 'SET start = "end", "end" = start' if swap else f'SET "end" = start - {rng.choice([1, 1000, 10**9])}'
     changed = con.execute(f'UPDATE "{table}" {sql} WHERE {cond} AND "end" > start').rowcount
     return Mutation(f"{words} of {table}: end before start ({'swapped' if swap else 'shifted'}, {changed} rows)",
-                    must_warn=changed > 0)
+                    must_warn=changed > 0, still=_impossible_times(table))
 
 
 def m_duplicate_rows(rng, con) -> Mutation | None:
@@ -174,8 +204,10 @@ def m_duplicate_rows(rng, con) -> Mutation | None:
     _unconstrained(con, table)
     changed = con.execute(f'INSERT INTO "{table}" SELECT * FROM "{table}" WHERE {cond}').rowcount
     # duplicated kernels (same correlation id twice) are counted by gpudiag's row checks
+    columns = ", ".join(f'"{c}"' for c in _columns(con, table))
+    still = f'SELECT COUNT(*) FROM (SELECT 1 FROM "{table}" GROUP BY {columns} HAVING COUNT(*) > 1)'
     return Mutation(f"{words} of {table} duplicated ({changed} rows)",
-                    must_warn=table == "CUPTI_ACTIVITY_KIND_KERNEL" and changed > 0)
+                    must_warn=table == "CUPTI_ACTIVITY_KIND_KERNEL" and changed > 0, still=still)
 
 
 def m_delete_rows(rng, con) -> Mutation | None:
@@ -225,7 +257,9 @@ def m_strings(rng, con) -> Mutation | None:
     elif kind == "huge name":
         con.execute("UPDATE StringIds SET value = value || ? WHERE rowid % 5 = 0", ("x" * 100_000,))
     must = kind in {"duplicate ids", "non-UTF-8", "emptied", "kernel names missing"}
-    return Mutation(f"StringIds: {kind}", must_warn=must)
+    still = {"duplicate ids": "SELECT COUNT(*) FROM (SELECT id FROM StringIds GROUP BY id HAVING COUNT(*) > 1)",
+             "non-UTF-8": "SELECT COUNT(*) FROM StringIds WHERE instr(CAST(value AS BLOB), X'FFFE80') > 0"}.get(kind)
+    return Mutation(f"StringIds: {kind}", must_warn=must, still=still)
 
 
 SQL_MUTATIONS = (m_drop_table, m_drop_column, m_cells, m_cells, m_cells, m_end_before_start, m_duplicate_rows,
@@ -287,6 +321,7 @@ def make_case(seed: int, fixture: str, base: Path, folder: Path) -> Case:
             if mutation:
                 case.mutations.append(mutation)
         con.commit()
+        recheck(con, case)
     finally:
         con.close()
     case.path = _file_mutation(rng, case, path)

@@ -46,7 +46,10 @@ def flag_outliers(st: pd.DataFrame, factor: float = OUTLIER_FACTOR) -> pd.DataFr
     so the steady-state statistics leave them out. Rule and source: module docstring."""
     st = st.copy()
     times = st.loc[st["measured"], "step_time_ns"].astype(float)
-    threshold = factor * float(times.median()) if len(times) else np.inf
+    median = float(times.median()) if len(times) else 0.0
+    # A zero median (most windows empty: timestamps moved in a damaged export) is no base: a factor
+    # of nothing would flag every step that lasts at all, and no step would be left to compare with.
+    threshold = factor * median if median > 0 else np.inf
     st["outlier"] = st["measured"] & (st["step_time_ns"].astype(float) > threshold)
     st["measured"] = st["measured"] & ~st["outlier"]
     return st
@@ -218,7 +221,7 @@ def outlier_summary(st: pd.DataFrame) -> dict:
     slow = float(st.loc[st["outlier"], "step_time_ns"].sum())
     total = float(candidates["step_time_ns"].sum())
     return {"rule": STEADY_STATE_RULE, "factor": OUTLIER_FACTOR, "median_step_time_ns": median,
-            "threshold_ns": OUTLIER_FACTOR * median if median is not None else None,
+            "threshold_ns": OUTLIER_FACTOR * median if median else None,  # no threshold on a zero median (flag_outliers)
             "count": int(st["outlier"].sum()), "time_ns": slow,
             "share_of_measured_time_percent": 100.0 * slow / total if total else None,
             "period_steps": period(st.loc[st["outlier"], "step"].tolist())}

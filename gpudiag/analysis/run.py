@@ -214,8 +214,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     if kernels.empty:
         odd = (meta.get("dropped_rows") or {}).get("kernels")
         if odd:  # every kernel row was odd: say so rather than "no kernels"
-            raise AnalysisError(f"all {(meta.get('rows_read') or {}).get('kernels', '?')} kernel rows have impossible "
-                                f"timestamps ({', '.join(f'{r}: {n}' for r, n in odd.items())}): export the report again")
+            raise AnalysisError(f"all {(meta.get('rows_read') or {}).get('kernels', '?')} kernel rows hold impossible values "
+                                f"({', '.join(f'{r}: {n}' for r, n in odd.items())}): export the report again")
         raise AnalysisError("the export holds no CUDA kernels: was the script run on a GPU with CUDA tracing on (nsys --trace=cuda)?")
     if nvtx.empty:
         nvtx = pd.DataFrame(columns=["start_ns", "end_ns", "text", "global_tid", "global_pid", "event_type", "domain_id"])
@@ -424,7 +424,9 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
                   "step_time_ns": _stats(measured["step_time_ns"].astype(float)),
                   "step_time_ns_with_outliers": _stats(st.loc[st["measured"] | st["outlier"], "step_time_ns"].astype(float)),
                   "per_step": per_step},
-        "gpu_busy_percent": 100.0 * float(measured["busy_ns"].sum() / measured["step_time_ns"].sum()) if n else None,
+        # None when every measured window is empty (timestamps moved in a damaged export): no share of nothing
+        "gpu_busy_percent": (100.0 * float(measured["busy_ns"].sum()) / float(measured["step_time_ns"].sum())
+                             if n and measured["step_time_ns"].sum() > 0 else None),
         "outlier_steps": outliers.outlier_report(st, activities, idle, runtime_api, steps.table, k),
         "breakdown_ns_per_step": breakdown,
         "breakdown_percent": breakdown_percent,

@@ -108,8 +108,10 @@ def idle_intervals(activities: pd.DataFrame) -> pd.DataFrame:
     start_ns, end_ns, duration_ns, host_bound (bool), next_kernel_id (the kernel that ended the
     idle time; NaN when a copy or memset did)."""
     m_s, m_e = merge_intervals(activities["start_ns"].to_numpy(), activities["end_ns"].to_numpy())
-    if len(m_s) < 2:
-        return pd.DataFrame(columns=["start_ns", "end_ns", "duration_ns", "host_bound", "next_kernel_id"])
+    if len(m_s) < 2:  # typed: a boolean mask of object dtype would select columns, not rows
+        return pd.DataFrame({"start_ns": pd.Series(dtype=np.int64), "end_ns": pd.Series(dtype=np.int64),
+                             "duration_ns": pd.Series(dtype=np.int64), "host_bound": pd.Series(dtype=bool),
+                             "next_kernel_id": pd.Series(dtype=float)})
     gaps = pd.DataFrame({"start_ns": m_e[:-1], "end_ns": m_s[1:]})
     # The activity that ends a gap is the first to start at the next block's start.
     first = activities.drop_duplicates("start_ns").set_index("start_ns")

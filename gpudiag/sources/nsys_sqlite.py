@@ -61,6 +61,46 @@ def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
 # absence is worth saying. Others (memcpy, memset, synchronization) are simply empty.
 CORE_TABLES = {"CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "TARGET_INFO_GPU", "StringIds"}
 
+_API = {"start": "start_ns", "end": "end_ns", "globalTid": "global_tid", "correlationId": "correlation_id",
+        "nameId": "name_id", "returnValue": "return_value"}
+# The columns read from each table (source -> output name). A column missing from the export is
+# named in ``missing`` (a report warning); scripts/fuzz_report.py reads this map to know which
+# damage a report must notice.
+READ_COLUMNS: dict[str, dict[str, str]] = {
+    "CUPTI_ACTIVITY_KIND_KERNEL": {
+        "start": "start_ns", "end": "end_ns", "deviceId": "device_id", "contextId": "context_id",
+        "streamId": "stream_id", "correlationId": "correlation_id", "globalPid": "global_pid",
+        "demangledName": "name_id", "shortName": "short_name_id", "gridX": "grid_x", "gridY": "grid_y",
+        "gridZ": "grid_z", "blockX": "block_x", "blockY": "block_y", "blockZ": "block_z",
+        "registersPerThread": "registers_per_thread", "staticSharedMemory": "static_smem_bytes",
+        "dynamicSharedMemory": "dynamic_smem_bytes", "localMemoryPerThread": "local_mem_per_thread_bytes",
+        "graphNodeId": "graph_node_id"},
+    "CUPTI_ACTIVITY_KIND_RUNTIME": _API,
+    "CUPTI_ACTIVITY_KIND_DRIVER": _API,
+    "CUPTI_ACTIVITY_KIND_MEMCPY": {
+        "start": "start_ns", "end": "end_ns", "deviceId": "device_id", "streamId": "stream_id",
+        "correlationId": "correlation_id", "globalPid": "global_pid", "bytes": "bytes",
+        "copyKind": "copy_kind_id", "srcKind": "src_kind_id", "dstKind": "dst_kind_id"},
+    "CUPTI_ACTIVITY_KIND_MEMSET": {
+        "start": "start_ns", "end": "end_ns", "deviceId": "device_id", "streamId": "stream_id",
+        "correlationId": "correlation_id", "globalPid": "global_pid", "bytes": "bytes"},
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": {
+        "start": "start_ns", "end": "end_ns", "globalPid": "global_pid", "correlationId": "correlation_id",
+        "syncType": "sync_type_id", "streamId": "stream_id"},
+    "NVTX_EVENTS": {
+        "start": "start_ns", "end": "end_ns", "text": "text", "textId": "text_id",
+        "globalTid": "global_tid", "eventType": "event_type", "domainId": "domain_id"},
+    "TARGET_INFO_GPU": {
+        "id": "device_id", "name": "name", "smCount": "sm_count",
+        "memoryBandwidth": "memory_bandwidth_bytes_per_s", "clockRate": "clock_rate_hz",
+        "l2CacheSize": "l2_cache_bytes", "totalMemory": "total_memory_bytes",
+        "computeMajor": "compute_major", "computeMinor": "compute_minor"},
+    "StringIds": {"id": "id", "value": "value"},
+}
+# GPU work joins its launch call on (process, correlation id) and belongs to one process: a row
+# without either cannot be placed (gpudiag.sources.row_checks.required).
+PLACED_BY = ["global_pid", "correlation_id"]
+
 
 def _select(conn, table: str, wanted: dict[str, str], tables: set[str], missing: list[str],
             where: str = "") -> pd.DataFrame:
@@ -84,7 +124,7 @@ def _select(conn, table: str, wanted: dict[str, str], tables: set[str], missing:
 
 def _strings(conn, tables: set[str], missing: list[str], dropped: dict) -> pd.Series:
     """StringIds as a Series text-by-id (ids that are NULL or given twice counted, see row_checks)."""
-    df = _select(conn, "StringIds", {"id": "id", "value": "value"}, tables, missing)
+    df = _select(conn, "StringIds", READ_COLUMNS["StringIds"], tables, missing)
     return row_checks.id_lookup(df["id"], df["value"], "StringIds", dropped)
 
 
@@ -199,19 +239,13 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
         dropped: dict = {}
         strings = _strings(conn, tables, missing, dropped)
 
-        k = _select(conn, "CUPTI_ACTIVITY_KIND_KERNEL", {
-            "start": "start_ns", "end": "end_ns", "deviceId": "device_id", "contextId": "context_id",
-            "streamId": "stream_id", "correlationId": "correlation_id", "globalPid": "global_pid",
-            "demangledName": "name_id", "shortName": "short_name_id", "gridX": "grid_x", "gridY": "grid_y",
-            "gridZ": "grid_z", "blockX": "block_x", "blockY": "block_y", "blockZ": "block_z",
-            "registersPerThread": "registers_per_thread", "staticSharedMemory": "static_smem_bytes",
-            "dynamicSharedMemory": "dynamic_smem_bytes", "localMemoryPerThread": "local_mem_per_thread_bytes",
-            "graphNodeId": "graph_node_id"}, tables, missing)
+        k = _select(conn, "CUPTI_ACTIVITY_KIND_KERNEL", READ_COLUMNS["CUPTI_ACTIVITY_KIND_KERNEL"], tables, missing)
         rows_read = {"kernels": len(k)}
         k = row_checks.drop_duplicates(row_checks.valid_times(k, "kernels", dropped, duration=True, zero_is_odd=True),
                                        "kernels", dropped)
+        k = row_checks.required(k, "kernels", PLACED_BY, dropped)
         k = row_checks.numeric(k, "kernels", [c for c in k.columns if c.startswith(("grid_", "block_"))]
-                               + ["device_id", "stream_id", "correlation_id", "global_pid", "registers_per_thread",
+                               + ["device_id", "stream_id", "registers_per_thread",
                                   "static_smem_bytes", "dynamic_smem_bytes", "local_mem_per_thread_bytes"], dropped)
         k["name"] = _resolve(k.pop("name_id"), strings, "kernels", dropped, placeholder="unnamed kernel")
         k["short_name"] = _resolve(k.pop("short_name_id"), strings).fillna(k["name"])
@@ -223,64 +257,52 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
                 if table == "CUPTI_ACTIVITY_KIND_RUNTIME":
                     missing.append(table)
                 continue
-            part = _select(conn, table, {"start": "start_ns", "end": "end_ns", "globalTid": "global_tid",
-                                         "correlationId": "correlation_id", "nameId": "name_id",
-                                         "returnValue": "return_value"}, tables, missing)
+            part = _select(conn, table, READ_COLUMNS[table], tables, missing)
             part["name"] = _resolve(part.pop("name_id"), strings, "runtime_api", dropped)
             api_parts.append(part)
         api = (pd.concat(api_parts, ignore_index=True) if api_parts else
                pd.DataFrame(columns=["start_ns", "end_ns", "global_tid", "correlation_id", "name", "return_value"]))
         rows_read["runtime_api"] = len(api)
-        api = row_checks.numeric(row_checks.valid_times(api, "runtime_api", dropped), "runtime_api",
-                                 ["global_tid", "correlation_id"], dropped)
-        api = row_checks.required(api, "runtime_api", ["global_tid"], dropped)
+        # an API call without a correlation id still places host time in a step: kept
+        api = row_checks.required(row_checks.valid_times(api, "runtime_api", dropped), "runtime_api", ["global_tid"], dropped)
+        api = row_checks.numeric(api, "runtime_api", ["correlation_id"], dropped)
         api["global_pid"] = _pid_of(api["global_tid"])
 
-        mc = _select(conn, "CUPTI_ACTIVITY_KIND_MEMCPY", {
-            "start": "start_ns", "end": "end_ns", "deviceId": "device_id", "streamId": "stream_id",
-            "correlationId": "correlation_id", "globalPid": "global_pid", "bytes": "bytes",
-            "copyKind": "copy_kind_id", "srcKind": "src_kind_id", "dstKind": "dst_kind_id"}, tables, missing)
+        mc = _select(conn, "CUPTI_ACTIVITY_KIND_MEMCPY", READ_COLUMNS["CUPTI_ACTIVITY_KIND_MEMCPY"], tables, missing)
         copy_kinds = _enum(conn, tables, "ENUM_CUDA_MEMCPY_OPER")
         mem_kinds = _enum(conn, tables, "ENUM_CUDA_MEM_KIND")
         mc["copy_kind"] = mc.pop("copy_kind_id").map(copy_kinds)
         mc["src_kind"] = mc.pop("src_kind_id").map(mem_kinds)
         mc["dst_kind"] = mc.pop("dst_kind_id").map(mem_kinds)
         rows_read["memcpy"] = len(mc)
-        mc = row_checks.numeric(row_checks.valid_times(mc, "memcpy", dropped, duration=True), "memcpy",
-                                ["bytes", "correlation_id"], dropped)
+        mc = row_checks.valid_times(mc, "memcpy", dropped, duration=True)
+        mc = row_checks.numeric(row_checks.required(mc, "memcpy", PLACED_BY, dropped), "memcpy",
+                                ["bytes", "device_id", "stream_id"], dropped)
 
-        ms = _select(conn, "CUPTI_ACTIVITY_KIND_MEMSET", {
-            "start": "start_ns", "end": "end_ns", "deviceId": "device_id", "streamId": "stream_id",
-            "correlationId": "correlation_id", "globalPid": "global_pid", "bytes": "bytes"}, tables, missing)
+        ms = _select(conn, "CUPTI_ACTIVITY_KIND_MEMSET", READ_COLUMNS["CUPTI_ACTIVITY_KIND_MEMSET"], tables, missing)
         rows_read["memset"] = len(ms)
-        ms = row_checks.numeric(row_checks.valid_times(ms, "memset", dropped, duration=True), "memset",
-                                ["bytes", "correlation_id"], dropped)
+        ms = row_checks.valid_times(ms, "memset", dropped, duration=True)
+        ms = row_checks.numeric(row_checks.required(ms, "memset", PLACED_BY, dropped), "memset",
+                                ["bytes", "device_id", "stream_id"], dropped)
 
-        sy = _select(conn, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", {
-            "start": "start_ns", "end": "end_ns", "globalPid": "global_pid", "correlationId": "correlation_id",
-            "syncType": "sync_type_id", "streamId": "stream_id"}, tables, missing)
+        sy = _select(conn, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", READ_COLUMNS["CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"],
+                     tables, missing)
         sy["sync_type"] = sy.pop("sync_type_id").map(_enum(conn, tables, "ENUM_CUPTI_SYNC_TYPE"))
         rows_read["sync"] = len(sy)
-        sy = row_checks.valid_times(sy, "sync", dropped, duration=True)
+        sy = row_checks.numeric(row_checks.valid_times(sy, "sync", dropped, duration=True), "sync",
+                                ["global_pid", "correlation_id", "stream_id"], dropped)
 
         nvtx_cols = _columns(conn, "NVTX_EVENTS") if "NVTX_EVENTS" in tables else set()
         ranges_only = (f"WHERE eventType IN ({NVTX_PUSHPOP}, {NVTX_STARTEND}) AND end IS NOT NULL"
                        if {"eventType", "end"} <= nvtx_cols else "")
-        nv = _select(conn, "NVTX_EVENTS", {
-            "start": "start_ns", "end": "end_ns", "text": "text", "textId": "text_id",
-            "globalTid": "global_tid", "eventType": "event_type", "domainId": "domain_id"}, tables, missing,
-            where=ranges_only)
+        nv = _select(conn, "NVTX_EVENTS", READ_COLUMNS["NVTX_EVENTS"], tables, missing, where=ranges_only)
         nv = nv.dropna(subset=["start_ns", "end_ns"])
         from_id = _resolve(nv.pop("text_id"), strings)
         nv["text"] = nv["text"].where(nv["text"].notna(), from_id)
         nv["global_pid"] = _pid_of(nv["global_tid"])
         nv = nv.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
-        dev = _select(conn, "TARGET_INFO_GPU", {
-            "id": "device_id", "name": "name", "smCount": "sm_count",
-            "memoryBandwidth": "memory_bandwidth_bytes_per_s", "clockRate": "clock_rate_hz",
-            "l2CacheSize": "l2_cache_bytes", "totalMemory": "total_memory_bytes",
-            "computeMajor": "compute_major", "computeMinor": "compute_minor"}, tables, missing)
+        dev = _select(conn, "TARGET_INFO_GPU", READ_COLUMNS["TARGET_INFO_GPU"], tables, missing)
         dev = row_checks.unique_ids(dev, "devices", "device_id", dropped)
         return NsysExport(path=path, kernels=k, runtime_api=api, memcpy=mc, memset=ms, sync=sy,
                           nvtx_ranges=nv, devices=dev, environment=_environment(conn, tables), missing=missing,

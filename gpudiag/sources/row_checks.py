@@ -61,6 +61,13 @@ def warning_lines(dropped: dict[str, dict[str, int]], totals: dict[str, int]) ->
     return lines
 
 
+def integers(values: pd.Series) -> pd.Series:
+    """``values`` as float64 numbers where they are integers within int64, NaN elsewhere (NULL,
+    text such as ``'12 ns'``, bytes, 1.5, 1e300): ids, counts and sizes are integers in nsys."""
+    out = pd.to_numeric(values, errors="coerce")
+    return out.where((out % 1 == 0) & (out.abs() < 2**63))
+
+
 def numeric(df: pd.DataFrame, table: str, columns: list[str], dropped: dict[str, dict[str, int]]) -> pd.DataFrame:
     """``df`` with ``columns`` (launch configuration, ids, sizes) made numeric: a value that is not
     an integer within int64 becomes NULL (the row stays: its timing is good) and is counted as repaired."""
@@ -70,9 +77,7 @@ def numeric(df: pd.DataFrame, table: str, columns: list[str], dropped: dict[str,
     out = df.copy()
     repaired = 0
     for c in present:
-        values = pd.to_numeric(out[c], errors="coerce")
-        # these are integers in nsys (ids, counts, bytes): 1.5 or 1e300 is damage, not a value
-        values = values.where((values % 1 == 0) & (values.abs() < 2**63))
+        values = integers(out[c])
         repaired += int((values.isna() & out[c].notna()).sum())
         out[c] = values
     if repaired:
@@ -131,16 +136,22 @@ def resolve(ids: pd.Series, lookup: pd.Series, table: str, what: str, dropped: d
 
 
 def required(df: pd.DataFrame, table: str, columns: list[str], dropped: dict[str, dict[str, int]]) -> pd.DataFrame:
-    """``df`` without the rows that have NULL in any of ``columns`` (after :func:`numeric`): without
-    a thread or process id a row cannot be placed, so it is dropped and counted."""
-    present = [c for c in columns if c in df.columns]
-    if df.empty or not present:
+    """``df`` without the rows whose value in any of ``columns`` is not an integer (NULL, text,
+    bytes; see :func:`integers`), those columns made numeric. Without a thread or process id, or
+    the correlation id that joins GPU work to its launch call, a row cannot be placed (in a
+    process, a step), so it is dropped and counted. nsys writes these ids on every row (all
+    committed real exports checked), so a row without one is damage. A column missing from the
+    export counts as NULL on every row."""
+    if df.empty:
         return df
-    bad = df[present].isna().any(axis=1)
+    out = df.copy()
+    for c in columns:
+        out[c] = integers(out[c]) if c in out.columns else float("nan")
+    bad = out[columns].isna().any(axis=1)
     if bad.any():
-        dropped.setdefault(table, {})[f"NULL {'/'.join(present)}"] = int(bad.sum())
-        return df[~bad].reset_index(drop=True)
-    return df
+        dropped.setdefault(table, {})[f"NULL or non-integer {'/'.join(columns)} (rows dropped)"] = int(bad.sum())
+        return out[~bad].reset_index(drop=True)
+    return out
 
 
 def unique_ids(df: pd.DataFrame, table: str, column: str, dropped: dict[str, dict[str, int]]) -> pd.DataFrame:
