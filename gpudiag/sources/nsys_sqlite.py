@@ -296,7 +296,9 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
         ranges_only = (f"WHERE eventType IN ({NVTX_PUSHPOP}, {NVTX_STARTEND}) AND end IS NOT NULL"
                        if {"eventType", "end"} <= nvtx_cols else "")
         nv = _select(conn, "NVTX_EVENTS", READ_COLUMNS["NVTX_EVENTS"], tables, missing, where=ranges_only)
-        nv = nv.dropna(subset=["start_ns", "end_ns"])
+        nv = nv.dropna(subset=["start_ns", "end_ns"])  # marks and unfinished ranges: not ranges, not odd
+        rows_read["nvtx_ranges"] = len(nv)
+        nv = row_checks.valid_times(nv, "nvtx_ranges", dropped)
         from_id = _resolve(nv.pop("text_id"), strings)
         nv["text"] = nv["text"].where(nv["text"].notna(), from_id)
         nv["global_pid"] = _pid_of(nv["global_tid"])
