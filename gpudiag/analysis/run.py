@@ -237,7 +237,10 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         runtime_api, nvtx, memcpy, memset = (df[df["global_pid"] == pid].reset_index(drop=True) if not df.empty else df
                                              for df in (runtime_api, nvtx, memcpy, memset))
     # The GPU that ran most of the kernels sets the peaks (TARGET_INFO_GPU lists every GPU present).
-    main_device = kernels.groupby("device_id")["duration_ns"].sum().idxmax()
+    by_device = kernels.groupby("device_id")["duration_ns"].sum()
+    if by_device.empty:  # no kernel names its device (a damaged export): the first GPU listed
+        warnings.append("no kernel records its device; peaks are those of the first GPU the export lists")
+    main_device = by_device.idxmax() if not by_device.empty else (devices["device_id"].iloc[0] if not devices.empty else None)
     if kernels["device_id"].nunique() > 1:
         warnings.append(f"kernels ran on {kernels['device_id'].nunique()} GPUs; peaks are those of device {main_device}")
     dev_rows = devices[devices["device_id"] == main_device] if not devices.empty else devices
