@@ -355,7 +355,8 @@ def read_gpu_in_use(path: Path) -> tuple[str | None, dict]:
 def _pid_of(global_tid: pd.Series) -> pd.Series:
     """globalPid from globalTid (nsys packs the pid in the high bits)."""
     # PID_MASK clears the low 24 bits (the thread id); shifting does the same within int64.
-    values = pd.to_numeric(global_tid, errors="coerce").astype("Int64")
+    values = pd.to_numeric(global_tid, errors="coerce")
+    values = values.where(values == values.round()).astype("Int64")  # a fractional thread id names no thread
     return (values // (1 << 24)) * (1 << 24)
 
 
