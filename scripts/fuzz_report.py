@@ -316,11 +316,11 @@ def make_case(seed: int, fixture: str, base: Path, folder: Path) -> Case:
             try:
                 mutation = rng.choice(SQL_MUTATIONS)(rng, con)
             except sqlite3.OperationalError:  # not applicable after an earlier mutation (column gone)
-                con.rollback()
+                con.rollback()  # undoes this mutation only: each applied one is committed below
                 continue
             if mutation:
                 case.mutations.append(mutation)
-        con.commit()
+            con.commit()
         recheck(con, case)
     finally:
         con.close()
