@@ -302,13 +302,13 @@ def _chains(calls: pd.DataFrame, parsed: list, between: dict) -> list[tuple[list
 
 
 def _saved_for_backward(chain: list[int], calls: pd.DataFrame, parsed: list, sizes: dict,
-                        accesses: dict) -> list[dict]:
+                        accesses: dict, backward: set[int]) -> list[dict]:
     """Forward intermediates of a group that the backward pass reads: a fused kernel must still
     write them (or the backward recomputes them). One dict per storage version written by the group
-    and read by a backward op call before it is overwritten: the op that wrote it, and its bytes."""
+    and read by a backward op call (``backward``: their op_call numbers) before it is overwritten:
+    the op that wrote it, and its bytes."""
     if (calls.loc[chain, "phase"] != "forward").any():
         return []
-    backward = set(calls.loc[calls["phase"] == "backward", "op_call"].astype(int))
     writers = {int(calls.at[i, "op_call"]): calls.at[i, "op"] for i in chain}
     saved = []
     for s in set().union(*(parsed[i][2] for i in chain)):
@@ -348,6 +348,7 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int | None 
             sizes.setdefault(k, v)
     accesses = _accesses({int(c): p for c, p in zip(op_call, parsed)} | between)
 
+    backward = set(calls.loc[calls["phase"] == "backward", "op_call"].astype(int))  # once per step
     groups: dict[tuple, dict] = {}
     for chain, passed in _chains(calls, parsed, between):
         members = {int(op_call[i]) for i in chain} | set(passed)
@@ -372,7 +373,7 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int | None 
         g = groups.setdefault(key, {"ops": ops, "count": 0, "modules": set(), "ns": [], "floor": floor,
                                     "bytes": external, "kernels": int(calls.loc[chain, "kernels"].sum()),
                                     "shapes": json.loads(calls.at[widest, "args"]).get("in", [])[:3],
-                                    "saved": _saved_for_backward(chain, calls, parsed, sizes, accesses)})
+                                    "saved": _saved_for_backward(chain, calls, parsed, sizes, accesses, backward)})
         g["count"] += 1
         g["modules"].add(calls.at[chain[0], "module"] or calls.at[chain[0], "phase"])
         g["ns"].append(float(calls.loc[chain, "ns"].sum()))
