@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import lzma
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from fake_nsys import FIXTURE, child_env, make_fake_nsys
 
@@ -145,3 +147,33 @@ def test_second_ctrl_c_aborts_a_tool_that_does_not_stop(tmp_path):
     assert not (run_dir / "profile.nsys-rep").exists() and not (run_dir / "profile.sqlite").exists()
     with pytest.raises(ProcessLookupError):
         os.kill(int(pidfile.read_text()), 0)
+
+
+CUDA_LOOP = LOOP.replace("model = nn.Linear(4, 2)", "model = nn.Linear(256, 256).cuda()").replace(
+    "x = torch.randn(3, 4)", "x = torch.randn(64, 256, device='cuda')")
+
+
+@pytest.mark.skipif(shutil.which("nsys") is None or not torch.cuda.is_available(),
+                    reason="needs Nsight Systems and a CUDA GPU (the device machine: source .devtools/nsys-env.sh)")
+def test_ctrl_c_with_the_real_nsys(tmp_path):
+    """The first test with NVIDIA's nsys instead of the fake one: Ctrl-C while a CUDA loop trains.
+    nsys must stop the application, still write its report, and gpudiag export and analyse it;
+    the kernel count comes from nsys's own export, read with SQL."""
+    script = tmp_path / "loop.py"
+    script.write_text(CUDA_LOOP)
+    ready, run_dir = tmp_path / "ready", tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "gpudiag", "profile", str(script), "-o", str(run_dir),
+                             "--no-bare-run", "--", str(ready)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    _wait_for(ready, proc)
+    time.sleep(2.0)  # a few hundred more steps under the profiler
+    os.kill(proc.pid, signal.SIGINT)
+    out = _finish(proc)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out
+    status = json.loads((run_dir / "script_status.json").read_text())
+    assert status["interrupted"]["stage"] == "profiling" and status["steps_completed"] >= 3
+    assert (run_dir / "profile.nsys-rep").stat().st_size > 0
+    assert _kernel_count(run_dir / "profile.sqlite") > 3 * 3  # forward, backward, optimizer per step
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["script"]["interrupted"]["stage"] == "profiling"

@@ -75,6 +75,22 @@ def test_exact_reference_forward_backward_and_determinism():
     assert torch.equal(yh == r.half(), ~keep)
 
 
+def test_seed_read_from_memory_draws_the_same_mask():
+    """A seed given as a 0-d tensor (what draw_seed gives under CUDA graph capture: the kernel reads
+    it when it runs, so each replay can draw anew) gives the mask of the same seed given as an int,
+    forward and backward, and through the custom op as well."""
+    x, r, b = make((19, 70), torch.float32, seed=8)
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    from_int, grads_int = grads(lambda x, r, b: bda.bias_dropout_add(x, r, b, p=0.4, seed=555), (x, r, b), dy)
+    seed_t = torch.tensor(555, dtype=torch.int64)
+    from_mem, grads_mem = grads(lambda x, r, b: bda.bias_dropout_add(x, r, b, p=0.4, seed=seed_t), (x, r, b), dy)
+    assert torch.equal(from_mem, from_int) and all(torch.equal(a, c) for a, c in zip(grads_mem, grads_int))
+    assert torch.equal(bda.bias_dropout_add_backward(dy.float(), torch.float32, 0.4, seed_t),
+                       bda.bias_dropout_add_backward(dy.float(), torch.float32, 0.4, 555))
+    # not capturing a CUDA graph (and on the CPU): the seed is an int from torch's CPU generator
+    assert isinstance(bda.draw_seed(x), int)
+
+
 def test_kept_fraction_seeds_and_block_size(monkeypatch):
     p, n = 0.1, 1 << 18
     keep = bda.dropout_keep_mask(42, (n,), p, "cpu")

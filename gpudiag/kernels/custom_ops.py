@@ -20,8 +20,10 @@ traces it, which needs every launch written as ``torch.library.wrap_triton(kerne
 the launchers launch kernels directly, and in Triton's interpreter (the CPU tests) the body cannot
 run on fake tensors at all. The custom ops are opaque to Inductor (it calls them as they are).
 
-Dropout's seed is a 0-d int64 CPU tensor (drawn with torch's CPU generator, as the eager path
-draws it): an ``int`` drawn while tracing would be a graph break or a constant of the graph.
+Dropout's seed is a 0-d int64 tensor: on the CPU (torch's CPU generator, as the eager path draws
+it), or on the GPU under torch.compile and CUDA graph capture, where a CPU value would be fixed in
+the graph and every replay would drop the same elements (the kernel then reads it from memory).
+An ``int`` drawn while tracing would be a graph break or a constant of the graph.
 """
 
 import math
@@ -225,8 +227,12 @@ def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor,
 
 # ----------------------------------------------------------------------------- bias + dropout + residual
 
-def _seed(seed: Optional[Tensor]) -> int:
-    return int(seed) if seed is not None else 0  # a CPU tensor: no device synchronization
+def _seed(seed: Optional[Tensor]):
+    """The launchers' seed: an ``int`` from a CPU tensor (no device synchronization), a GPU tensor
+    as it is (the kernel reads it: drawn on the GPU for CUDA graphs)."""
+    if seed is None:
+        return 0
+    return seed if seed.device.type != "cpu" else int(seed)
 
 
 @custom_op("gpudiag::bias_dropout_add", mutates_args=())
@@ -282,9 +288,13 @@ def bias_dropout_add(x: Tensor, residual: Tensor, bias: Optional[Tensor] = None,
         return _bda.bias_dropout_add(x, residual, bias, p, training, sample_scale, seed)
     p = float(p) if training else 0.0
     seed_t = None
-    if p > 0.0:
-        seed_t = (torch.randint(2**31, (), dtype=torch.int64) if seed is None
-                  else torch.full((), seed, dtype=torch.int64))
+    if p > 0.0 and seed is not None:
+        seed_t = torch.full((), seed, dtype=torch.int64)
+    elif p > 0.0:
+        # Drawn on the GPU when Inductor may put the graph in a CUDA graph (reduce-overhead), or
+        # while a CUDA graph is captured: a CPU seed would be fixed in the graph (draw_seed).
+        on_gpu = x.is_cuda and (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing())
+        seed_t = torch.randint(2**31, (), dtype=torch.int64, device=x.device if on_gpu else "cpu")
     return torch.ops.gpudiag.bias_dropout_add(x, residual, bias, sample_scale, p, seed_t)
 
 

@@ -40,7 +40,10 @@ def _keep(seed, start, p, BLOCK: tl.constexpr):
 
 @triton.jit(do_not_specialize=["seed"])  # one compiled kernel for every seed
 def _bda_fwd(x_ptr, r_ptr, b_ptr, s_ptr, y_ptr, numel, n_cols, sample_numel, p, scale, seed,
-             HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DROPOUT: tl.constexpr, BLOCK: tl.constexpr):
+             HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DROPOUT: tl.constexpr, SEED_IN_MEMORY: tl.constexpr,
+             BLOCK: tl.constexpr):
+    if SEED_IN_MEMORY:  # a seed drawn on the GPU (CUDA graph capture): read when the kernel runs
+        seed = tl.load(seed)
     start = tl.program_id(0).to(tl.int64) * BLOCK  # int64: tensors past 2^31 elements
     offs = start + tl.arange(0, BLOCK)
     mask = offs < numel
@@ -58,7 +61,9 @@ def _bda_fwd(x_ptr, r_ptr, b_ptr, s_ptr, y_ptr, numel, n_cols, sample_numel, p, 
 
 @triton.jit(do_not_specialize=["seed"])
 def _bda_bwd(dy_ptr, s_ptr, dx_ptr, numel, sample_numel, p, scale, seed,
-             HAS_SCALE: tl.constexpr, DROPOUT: tl.constexpr, BLOCK: tl.constexpr):
+             HAS_SCALE: tl.constexpr, DROPOUT: tl.constexpr, SEED_IN_MEMORY: tl.constexpr, BLOCK: tl.constexpr):
+    if SEED_IN_MEMORY:
+        seed = tl.load(seed)
     start = tl.program_id(0).to(tl.int64) * BLOCK
     offs = start + tl.arange(0, BLOCK)
     mask = offs < numel
@@ -89,11 +94,24 @@ def _check(x, residual, bias, sample_scale, p) -> None:
 
 
 def _launch_args(x, p, seed, sample_scale):
-    """(grid, p, scale, seed, sample_numel, DROPOUT) shared by the forward and the backward."""
+    """(grid, p, scale, seed, sample_numel, DROPOUT) shared by the forward and the backward; the
+    seed stays a tensor when it is one (read by the kernel: SEED_IN_MEMORY)."""
     numel = x.numel()
     scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)  # p = 1 drops everything (no 1/0)
     sample_numel = max(numel // x.shape[0], 1) if sample_scale is not None else 1
-    return (triton.cdiv(numel, BLOCK),), float(p), scale, int(seed), sample_numel, p > 0.0
+    seed = seed if isinstance(seed, torch.Tensor) else int(seed)
+    return (triton.cdiv(numel, BLOCK),), float(p), scale, seed, sample_numel, p > 0.0
+
+
+def draw_seed(x: torch.Tensor):
+    """A dropout seed for a kernel acting on ``x``: an ``int`` from torch's CPU generator (no kernel,
+    no synchronization), or, while a CUDA graph is being captured, a 0-d int64 tensor drawn on x's
+    GPU by torch's CUDA generator. An ``int`` would be fixed in the graph and every replay would
+    drop the same elements; the CUDA generator's draws are graph-safe (each replay draws anew:
+    PyTorch's CUDA graph notes, "Graph-safe RNG"; checked on an H100 by benchmarks/zoo/graphs_check.py)."""
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return torch.randint(2**31, (), dtype=torch.int64, device=x.device)
+    return int(torch.randint(2**31, ()))
 
 
 def bias_dropout_add_forward(x, residual, bias=None, p=0.0, seed=0, sample_scale=None) -> torch.Tensor:
@@ -108,7 +126,8 @@ def bias_dropout_add_forward(x, residual, bias=None, p=0.0, seed=0, sample_scale
     b = bias.contiguous() if bias is not None else x  # unused pointer when HAS_BIAS is false
     s = sample_scale.contiguous() if sample_scale is not None else x
     _bda_fwd[grid](x, residual, b, s, y, x.numel(), x.shape[-1], sample_numel, p, scale, seed,
-                   HAS_BIAS=bias is not None, HAS_SCALE=sample_scale is not None, DROPOUT=dropout, BLOCK=BLOCK)
+                   HAS_BIAS=bias is not None, HAS_SCALE=sample_scale is not None, DROPOUT=dropout,
+                   SEED_IN_MEMORY=isinstance(seed, torch.Tensor), BLOCK=BLOCK)
     return y
 
 
@@ -123,7 +142,8 @@ def bias_dropout_add_backward(dy, x_dtype, p=0.0, seed=0, sample_scale=None) -> 
     grid, p, scale, seed, sample_numel, dropout = _launch_args(dy, p, seed, sample_scale)
     s = sample_scale.contiguous() if sample_scale is not None else dy
     _bda_bwd[grid](dy, s, dx, dy.numel(), sample_numel, p, scale, seed,
-                   HAS_SCALE=sample_scale is not None, DROPOUT=dropout, BLOCK=BLOCK)
+                   HAS_SCALE=sample_scale is not None, DROPOUT=dropout,
+                   SEED_IN_MEMORY=isinstance(seed, torch.Tensor), BLOCK=BLOCK)
     return dx
 
 
@@ -159,12 +179,13 @@ class BiasDropoutAddFunction(torch.autograd.Function):
 def bias_dropout_add(x, residual, bias=None, p=0.0, training=True, sample_scale=None, seed=None) -> torch.Tensor:
     """Drop-in fused ``residual + F.dropout(x + bias, p, training) * sample_scale[b]`` (differentiable).
 
-    ``seed`` None draws one from torch's CPU generator (``torch.manual_seed`` makes runs
-    reproducible); the mask is a function of (seed, p, element index) only. ``training`` False
-    disables dropout (not ``sample_scale``)."""
+    ``seed`` None draws one with :func:`draw_seed` (torch's CPU generator, or its CUDA generator
+    while a CUDA graph is captured; ``torch.manual_seed`` makes runs reproducible); ``seed`` may
+    also be a 0-d int64 tensor on x's device. The mask is a function of (seed, p, element index)
+    only. ``training`` False disables dropout (not ``sample_scale``)."""
     p = float(p) if training else 0.0
     if seed is None:
-        seed = int(torch.randint(2**31, ())) if p > 0.0 else 0
+        seed = draw_seed(x) if p > 0.0 else 0
     return BiasDropoutAddFunction.apply(x, residual, bias, sample_scale, p, seed)
 
 
