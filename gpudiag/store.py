@@ -40,9 +40,16 @@ class StoreError(ValueError):
     """A run database that cannot be read (other schema version, not a run database)."""
 
 
+# Rows handed to pandas per to_sql call. pandas turns every column of the frame it is given into
+# Python objects before its own chunking (pandas.io.sql.SQLTable.insert_data): a 13.5 M-row
+# runtime-API frame took ~4 GB at once; slices bound that to a few tens of MB (docs/scale.md).
+ROWS_PER_WRITE = 200_000
+
+
 def write_table(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
     """Replace table ``name`` with ``df``. sqlite-utils creates the table from the column types;
-    pandas streams the rows (a per-row Python insert would not scale to millions of kernels)."""
+    pandas streams the rows (a per-row Python insert would not scale to millions of kernels), in
+    slices of :data:`ROWS_PER_WRITE` rows."""
     _in_memory(db).pop(name, None)
     if name in db.table_names():
         db[name].drop()
@@ -50,7 +57,11 @@ def write_table(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
         # Keep the columns: an absent export table becomes an empty run-database table.
         db[name].create({c: str for c in df.columns} or {"_empty": str})
         return
-    df.to_sql(name, db.conn, index=False, if_exists="append", chunksize=50_000)
+    # The table's column types from the whole frame, as one to_sql call would infer them (the
+    # first slice alone could hold only NULLs in a column that has numbers later).
+    db.conn.execute(pd.io.sql.get_schema(df, name, con=db.conn))
+    for start in range(0, len(df), ROWS_PER_WRITE):
+        df.iloc[start:start + ROWS_PER_WRITE].to_sql(name, db.conn, index=False, if_exists="append", chunksize=50_000)
 
 
 def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict) -> sqlite_utils.Database:

@@ -58,3 +58,24 @@ def test_run_database_in_memory_equals_the_file(export_path, tmp_path):
     for name in FRAMES:
         pd.testing.assert_frame_equal(store.read_table(db, name), store.read_table(disk, name), obj=name)
     assert store.read_table(db, "kernels") is not store.read_table(db, "kernels")  # callers get their own frame
+
+
+def test_run_database_written_in_slices_equals_one_write(export_path, tmp_path, monkeypatch):
+    """write_table hands pandas slices of rows (bounded memory); the tables, their declared
+    column types and each value's SQLite type equal one to_sql call over the whole frame (the
+    oracle), also where a column's first slice holds only NULLs."""
+    monkeypatch.setattr(store, "ROWS_PER_WRITE", 7)
+    exp = read_export(export_path("input_pipeline_good"))
+    odd = pd.DataFrame({"n": [None] * 7 + [1, 2], "t": [None] * 7 + ["x", "y"], "f": [float("nan")] * 8 + [1.5]})
+    frames = {"kernels": exp.kernels, "nvtx_ranges": exp.nvtx_ranges, "odd": odd}
+    sliced = sqlite_utils.Database(tmp_path / "sliced.sqlite")
+    whole = sqlite3.connect(tmp_path / "whole.sqlite")
+    for name, df in frames.items():
+        store.write_table(sliced, name, df)
+        df.to_sql(name, whole, index=False)
+    for name, df in frames.items():
+        assert len(df) > 7
+        schema = 'SELECT sql FROM sqlite_master WHERE name = ?'
+        assert sliced.conn.execute(schema, [name]).fetchone() == whole.execute(schema, [name]).fetchone()
+        typed = f'SELECT {", ".join(f"typeof({c!r}), {c!r}".replace(chr(39), chr(34)) for c in df.columns)} FROM "{name}"'
+        assert sliced.conn.execute(typed).fetchall() == whole.execute(typed).fetchall(), name

@@ -48,6 +48,10 @@ def launch_calls(kernels: pd.DataFrame, runtime_api: pd.DataFrame) -> pd.DataFra
     if runtime_api.empty or kernels.empty:
         return pd.DataFrame({c: pd.Series(np.nan, index=kernels.index) for c in cols})
     api = runtime_api[["global_pid", "correlation_id", "start_ns", "end_ns", "global_tid", "name"]]
+    # Only the calls of these rows' correlation ids: the join's result is the same, and the copies
+    # below stay the size of ``kernels`` (memcpy rows: a few thousand) instead of every API call
+    # (the peak memory of a 1 M-kernel report, docs/scale.md).
+    api = api[api["correlation_id"].isin(kernels["correlation_id"].dropna().unique())]
     api = api.dropna(subset=["correlation_id"]).drop_duplicates(["global_pid", "correlation_id"])
     api = api.astype({"global_pid": "int64", "correlation_id": "int64"})
     left = kernels[["global_pid", "correlation_id"]].astype({"global_pid": "int64", "correlation_id": "int64"})
