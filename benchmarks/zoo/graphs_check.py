@@ -11,9 +11,10 @@
 2. A tiny Llama (``hf.apply(fuse_lm_loss=True)``) and a tiny GPT-2 with dropout, their training
    forward + backward captured whole with ``torch.cuda.graph``, against eager runs of the unpatched
    model (loss and gradient norm).
-3. ``torch.compile(mode="reduce-overhead")`` (Inductor's CUDA graph trees) over the patched Llama
-   with ``under_compile="kernels"`` (the custom ops in the graph): Inductor's cudagraph skip
-   counter and the loss against eager.
+3. ``torch.compile(mode="reduce-overhead")`` (Inductor's CUDA graph trees) over the Llama:
+   unpatched, patched with ``under_compile="hf"`` (the default: HF's code is compiled) and with
+   ``under_compile="kernels"`` (the custom ops in the graph); Inductor's cudagraph counters, graph
+   breaks and the loss against eager.
 
 Prints one JSON line per check; ``--json`` writes them all.
 """
@@ -21,7 +22,6 @@ Prints one JSON line per check; ``--json`` writes them all.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import traceback
 
@@ -171,16 +171,19 @@ def check_model(name: str, build) -> dict:
     return result
 
 
-def check_reduce_overhead() -> dict:
+def check_reduce_overhead(variant: str) -> dict:
+    """``variant``: "unpatched", or hf.apply's ``under_compile`` ("hf" or "kernels")."""
     from torch._dynamo.utils import counters
 
     from gpudiag.kernels import hf
 
+    torch._dynamo.reset()
     ids = torch.randint(0, 2048, (4, 128), device=DEV, generator=torch.Generator(DEV).manual_seed(1))
     reference = _llama(False)
     ref_loss = float(_step(reference, ids))
     model = _llama(False)
-    hf.apply(model, fuse_lm_loss=True, under_compile="kernels")
+    if variant != "unpatched":
+        hf.apply(model, fuse_lm_loss=True, under_compile=variant)
     counters.clear()
     compiled = torch.compile(model, mode="reduce-overhead")
     losses = []
@@ -188,7 +191,8 @@ def check_reduce_overhead() -> dict:
         torch.compiler.cudagraph_mark_step_begin()  # a training loop under reduce-overhead marks each step
         losses.append(float(_step(compiled, ids).detach()))
     skips = {k: v for k, v in counters["inductor"].items() if "cudagraph" in k}
-    return {"check": "torch.compile reduce-overhead, patched llama (custom ops)", "losses": losses,
+    return {"check": f"torch.compile reduce-overhead, llama {variant}", "losses": losses,
+            "graph_breaks": sum(counters["graph_break"].values()),
             "eager_unpatched_loss": ref_loss, "inductor_cudagraph_counters": skips,
             "loss_rel_error": abs(losses[-1] - ref_loss) / abs(ref_loss),
             "ok": abs(losses[-1] - ref_loss) / abs(ref_loss) < 0.01 and not skips.get("cudagraph_skips")}
@@ -197,12 +201,14 @@ def check_reduce_overhead() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--only", help="run the checks whose name contains this")
     args = parser.parse_args()
     checks = [(f"graphed {n}", lambda n=n: check_function(n)) for n in FUNCTIONS] + [
         ("graphed bias_dropout_add", check_dropout), ("llama", lambda: check_model("llama", _llama)),
-        ("gpt2", lambda: check_model("gpt2", _gpt2)), ("reduce-overhead", check_reduce_overhead)]
+        ("gpt2", lambda: check_model("gpt2", _gpt2)), ] + [
+        (f"reduce-overhead {v}", lambda v=v: check_reduce_overhead(v)) for v in ("unpatched", "hf", "kernels")]
     results = []
-    for name, check in checks:
+    for name, check in [c for c in checks if not args.only or args.only in c[0]]:
         try:
             result = check()
         except Exception as exc:  # a failed capture is a result of this check, not the end of the others
