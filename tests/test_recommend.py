@@ -68,6 +68,10 @@ def test_evidence_names_the_real_culprits(analysed):
     assert any("49" in e for e in swin_align["evidence"])  # Swin's 7x7 windows
     attention = rules(analysed, "swin_t_train_bf16")["GD-UNFUSED-ATTENTION"]
     assert "layers.0.blocks.0.attn" in attention["evidence"][0]
+    # GPT-2's two misaligned GEMMs are both CUTLASS "Kernel2": each line tells its kernel apart
+    kernel_lines = [e.split(":")[0] for e in align["evidence"] if "µs/step" in e]
+    assert len(kernel_lines) >= 2 and len(set(kernel_lines)) == len(kernel_lines), kernel_lines
+    assert all(line.startswith("Kernel2 ") for line in kernel_lines if "Kernel2" in line)
 
 
 def test_sync_without_saving_is_suppressed_not_shown(analysed):

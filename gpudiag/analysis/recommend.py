@@ -20,6 +20,7 @@ from gpudiag.analysis.expert_rules import EXPERT_RULES
 from gpudiag.analysis.ncu_rules import NCU_RULES
 from gpudiag.analysis.families import COMMUNICATION, CONTRACTION_FAMILIES, kernel_label
 from gpudiag.analysis.peaks import DevicePeaks
+from gpudiag.reports.labels import distinct_labels
 
 SYNC_APIS = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy(_v\d+)?$|cudaMemcpy2D(_v\d+)?$)")
 
@@ -73,7 +74,11 @@ class RuleContext:
 def _top(df: pd.DataFrame, n_steps: int, k: int = 3) -> list[str]:
     g = df.groupby("name").agg(ns=("duration_ns", "sum"), short=("short_name", "first"), launches=("duration_ns", "size"))
     g = g.sort_values("ns", ascending=False).head(k)
-    return [f"{kernel_label(name, row.short)}: {row.ns / n_steps / 1e3:.0f} µs/step ({row.launches / n_steps:.0f} launches)"
+    # Kernels that share a label (CUTLASS calls every GEMM "Kernel2") get the tokens of their names
+    # that tell them apart, as in the report's tables (gpudiag.reports.labels).
+    labels = distinct_labels({"top_kernels": [{"name": name, "label": kernel_label(name, row.short)}
+                                              for name, row in g.iterrows()]})
+    return [f"{labels[name]}: {row.ns / n_steps / 1e3:.0f} µs/step ({row.launches / n_steps:.0f} launches)"
             for name, row in g.iterrows()]
 
 
