@@ -183,3 +183,23 @@ def test_every_command_has_a_readme_section():
         assert any(f"`gpudiag {name}" in h for h in headings), name
     calibrate_options = {o for p in cli.commands["calibrate"].params for o in p.opts}
     assert "gpudiag calibrate --force --json" in readme and {"--force", "--json"} <= calibrate_options
+
+
+def test_the_same_export_gives_the_same_report_in_every_process(tmp_path):
+    """report.json does not depend on Python's string hash seed (set order): two processes with
+    different PYTHONHASHSEED give identical JSON on an export whose fusion candidates list
+    several forward intermediates the backward reads (saved_for_backward)."""
+    import os
+    import subprocess
+    import sys
+
+    export = EXPORTS["gpt2_train_bf16"]  # its order differed between hash seeds before the fix
+    reports = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"seed{seed}"
+        subprocess.run([sys.executable, "-m", "gpudiag", "report", str(export), "-o", str(out)], check=True,
+                       capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        reports.append(json.loads((out / "report.json").read_text()))
+    saved = [c["saved_for_backward"] for c in reports[0]["fusion_candidates"] if len(c["saved_for_backward"]) > 1]
+    assert saved, "the export should exercise the ordering"
+    assert reports[0] == reports[1]

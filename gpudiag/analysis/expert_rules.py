@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analysis.costmodel import ITEMSIZE, _tensors
-from gpudiag.analysis.families import CONTRACTION_FAMILIES, kernel_label
+from gpudiag.analysis.families import CONTRACTION_FAMILIES
 
 if TYPE_CHECKING:
     from gpudiag.analysis.recommend import Recommendation, RuleContext

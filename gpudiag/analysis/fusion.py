@@ -310,12 +310,14 @@ def _saved_for_backward(chain: list[int], calls: pd.DataFrame, parsed: list, siz
     if (calls.loc[chain, "phase"] != "forward").any():
         return []
     writers = {int(calls.at[i, "op_call"]): calls.at[i, "op"] for i in chain}
-    saved = []
+    found = []
     for s in set().union(*(parsed[i][2] for i in chain)):
         for writer, readers in _versions(accesses.get(s, [])):
             if writer in writers and any(r in backward for r in readers):
-                saved.append({"op": writers[writer], "bytes": sizes.get(s, 0.0)})
-    return saved
+                found.append((writer, s))
+    # In the order the ops wrote them: a set's order changes with the hash seed, and the same
+    # export must give the same report.json in every run.
+    return [{"op": writers[w], "bytes": sizes.get(s, 0.0)} for w, s in sorted(found)]
 
 
 def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int | None = 10,
