@@ -187,3 +187,22 @@ def test_cuda_graph_replays_are_counted_as_graph_launches(zoo):
     launches = report["launches_per_step"]
     assert from_graphs > 0 and launches["graph_launches"] >= 1
     assert launches["kernels_from_graphs"] > launches["kernel_launch_calls"]
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED))
+def test_compiled_shares_are_over_the_measured_steps(zoo, name):
+    """The compiled-graph shares are steady-state numbers, like the rest of the report (warm-up
+    compilation and autotuning left out): checked in SQL against the run database's kernel
+    attribution and steps tables."""
+    _, _, report, db_path = zoo(name)
+    con = sqlite3.connect(db_path)
+    compiled_ns, total_ns, with_module_ns = con.execute(
+        "SELECT SUM(CASE WHEN a.graph >= 0 THEN k.duration_ns ELSE 0 END), SUM(k.duration_ns), "
+        "SUM(CASE WHEN a.graph >= 0 AND a.module != '' THEN k.duration_ns ELSE 0 END) "
+        "FROM kernels k JOIN kernel_attribution a USING (kernel_id) "
+        "WHERE a.step IN (SELECT step FROM steps WHERE measured)").fetchone()
+    compiled = report["compiled"]
+    assert compiled["statistics"] == "measured steps"
+    assert compiled["compiled_kernel_ns"] == pytest.approx(compiled_ns)
+    assert compiled["compiled_percent_of_kernel_time"] == pytest.approx(100 * compiled_ns / total_ns, abs=0.01)
+    assert compiled["module_percent"] == pytest.approx(100 * with_module_ns / compiled_ns, abs=0.01)
