@@ -52,7 +52,8 @@ def launch_calls(kernels: pd.DataFrame, runtime_api: pd.DataFrame) -> pd.DataFra
     # below stay the size of ``kernels`` (memcpy rows: a few thousand) instead of every API call
     # (the peak memory of a 1 M-kernel report, docs/scale.md).
     api = api[api["correlation_id"].isin(kernels["correlation_id"].dropna().unique())]
-    api = api.dropna(subset=["correlation_id"]).drop_duplicates(["global_pid", "correlation_id"])
+    # a call whose thread id names no process (gpudiag.sources.nsys_sqlite._pid_of) joins nothing
+    api = api.dropna(subset=["global_pid", "correlation_id"]).drop_duplicates(["global_pid", "correlation_id"])
     api = api.astype({"global_pid": "int64", "correlation_id": "int64"})
     left = kernels[["global_pid", "correlation_id"]].astype({"global_pid": "int64", "correlation_id": "int64"})
     merged = left.merge(api, how="left", on=["global_pid", "correlation_id"])

@@ -356,8 +356,9 @@ def _pid_of(global_tid: pd.Series) -> pd.Series:
     """globalPid from globalTid (nsys packs the pid in the high bits)."""
     # PID_MASK clears the low 24 bits (the thread id); shifting does the same within int64.
     values = pd.to_numeric(global_tid, errors="coerce")
-    # a fractional thread id, or one past int64 (a float such as 1e300), names no thread
-    values = values.where((values == values.round()) & (values.abs() < 2**62)).astype("Int64")
+    # a fractional thread id, or one that int64 cannot hold (a float such as 1e300; 2**63 is the
+    # first float past int64's largest value), names no thread
+    values = values.where((values == values.round()) & (values.abs() < 2**63)).astype("Int64")
     return (values // (1 << 24)) * (1 << 24)
 
 
