@@ -154,7 +154,7 @@ CUDA_LOOP = LOOP.replace("model = nn.Linear(4, 2)", "model = nn.Linear(256, 256)
 
 
 @pytest.mark.skipif(shutil.which("nsys") is None or not torch.cuda.is_available(),
-                    reason="needs Nsight Systems and a CUDA GPU (the device machine: source .devtools/nsys-env.sh)")
+                    reason="needs Nsight Systems (nsys on PATH) and a CUDA GPU")
 def test_ctrl_c_with_the_real_nsys(tmp_path):
     """The first test with NVIDIA's nsys instead of the fake one: Ctrl-C while a CUDA loop trains.
     nsys must stop the application, still write its report, and gpudiag export and analyse it;

@@ -78,7 +78,7 @@ def test_exact_reference_forward_backward_and_determinism():
 def test_seed_read_from_memory_draws_the_same_mask():
     """A seed given as a 0-d tensor (what draw_seed gives under CUDA graph capture: the kernel reads
     it when it runs, so each replay can draw anew) gives the mask of the same seed given as an int,
-    forward and backward, and through the custom op as well."""
+    forward and backward."""
     x, r, b = make((19, 70), torch.float32, seed=8)
     dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     from_int, grads_int = grads(lambda x, r, b: bda.bias_dropout_add(x, r, b, p=0.4, seed=555), (x, r, b), dy)

@@ -72,10 +72,13 @@ class RuleContext:
 
 
 def _top(df: pd.DataFrame, n_steps: int, k: int = 3) -> list[str]:
+    """Evidence lines for the ``k`` kernels of ``df`` with most time: label, µs per step, launches
+    per step (``n_steps`` measured steps)."""
     g = df.groupby("name").agg(ns=("duration_ns", "sum"), short=("short_name", "first"), launches=("duration_ns", "size"))
     g = g.sort_values("ns", ascending=False).head(k)
-    # Kernels that share a label (CUTLASS calls every GEMM "Kernel2") get the tokens of their names
-    # that tell them apart, as in the report's tables (gpudiag.reports.labels).
+    # Listed kernels that share a label (CUTLASS calls every GEMM "Kernel2") get the tokens of their
+    # names that tell them apart among these k, the rule the report's tables apply to theirs
+    # (gpudiag.reports.labels).
     labels = distinct_labels({"top_kernels": [{"name": name, "label": kernel_label(name, row.short)}
                                               for name, row in g.iterrows()]})
     return [f"{labels[name]}: {row.ns / n_steps / 1e3:.0f} µs/step ({row.launches / n_steps:.0f} launches)"

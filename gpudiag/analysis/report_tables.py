@@ -172,7 +172,7 @@ def operator_classes(km: pd.DataFrame) -> list[dict]:
     k = km.assign(op_class=km["family"].map(OPERATOR_CLASS).fillna("other"))
     flop, time = k.groupby("op_class")["flop"].sum(min_count=1), k.groupby("op_class")["duration_ns"].sum()
     unknown = k[k["flop"].isna()].groupby("op_class")["duration_ns"].sum()
-    total_flop, total_time = float(flop.sum()), float(time.sum())
+    total_time = float(time.sum())
     order = ["tensor contraction", "normalization", "element-wise", "other"]
     flop = flop.fillna(0.0)
     total_flop = float(flop.sum())

@@ -230,8 +230,10 @@ def _compiled_in_measured_steps(compiled: dict, kernels: pd.DataFrame, attributi
     benchmarking (its L2-flushing fills and candidate kernels, 1.4 s of a BERT capture on the
     H100) made the module attribution look like 47.7 % (docs/workload_zoo.md). The graph counts
     and warnings stay the whole capture's."""
-    if not compiled["graphs"] or not measured_ids:
+    if not compiled["graphs"]:
         return compiled
+    if not measured_ids:
+        return {**compiled, "statistics": "whole capture"}
     sel = attribution["step"].isin(measured_ids).to_numpy()
     steady = summarize_compiled(kernels[sel], attribution[sel], (status or {}).get("inductor_provenance"))
     keep = ("graphs", "graphs_recorded", "warnings")

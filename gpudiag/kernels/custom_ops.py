@@ -21,9 +21,11 @@ the launchers launch kernels directly, and in Triton's interpreter (the CPU test
 run on fake tensors at all. The custom ops are opaque to Inductor (it calls them as they are).
 
 Dropout's seed is a 0-d int64 tensor: on the CPU (torch's CPU generator, as the eager path draws
-it), or on the GPU under torch.compile and CUDA graph capture, where a CPU value would be fixed in
-the graph and every replay would drop the same elements (the kernel then reads it from memory).
-An ``int`` drawn while tracing would be a graph break or a constant of the graph.
+it), or on the GPU while a CUDA graph is captured, where a CPU value would be fixed in the graph
+and every replay would drop the same elements (the kernel then reads it from memory; checked on an
+H100 by benchmarks/zoo/graphs_check.py). An ``int`` drawn while tracing would be a graph break or
+a constant of the graph. Under torch.compile the seed stays on the CPU; a GPU seed there, for
+Inductor's CUDA graphs (``mode="reduce-overhead"``), has not been run on a GPU.
 """
 
 import math
@@ -283,7 +285,9 @@ def bias_dropout_add(x: Tensor, residual: Tensor, bias: Optional[Tensor] = None,
                      seed: Optional[int] = None) -> Tensor:
     """Fused ``residual + F.dropout(x + bias, p, training) * sample_scale[b]``: x, residual
     (B, ..., C), bias (C,), sample_scale (B,) (no gradient); output in the promoted dtype.
-    ``seed`` None draws one from torch's CPU generator. Raises ValueError on mismatched shapes."""
+    ``seed`` None draws one from torch's CPU generator, or from its CUDA generator while a CUDA
+    graph is captured (as :func:`gpudiag.kernels.ops.bias_dropout_add.draw_seed`). Raises
+    ValueError on mismatched shapes."""
     if not _use_ops():
         return _bda.bias_dropout_add(x, residual, bias, p, training, sample_scale, seed)
     p = float(p) if training else 0.0
@@ -291,9 +295,9 @@ def bias_dropout_add(x: Tensor, residual: Tensor, bias: Optional[Tensor] = None,
     if p > 0.0 and seed is not None:
         seed_t = torch.full((), seed, dtype=torch.int64)
     elif p > 0.0:
-        # Drawn on the GPU when Inductor may put the graph in a CUDA graph (reduce-overhead), or
-        # while a CUDA graph is captured: a CPU seed would be fixed in the graph (draw_seed).
-        on_gpu = x.is_cuda and (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing())
+        # Drawn on the GPU while a CUDA graph is captured: a CPU seed would be fixed in the graph
+        # and every replay would drop the same elements (draw_seed).
+        on_gpu = x.is_cuda and torch.cuda.is_current_stream_capturing()
         seed_t = torch.randint(2**31, (), dtype=torch.int64, device=x.device if on_gpu else "cpu")
     return torch.ops.gpudiag.bias_dropout_add(x, residual, bias, sample_scale, p, seed_t)
 

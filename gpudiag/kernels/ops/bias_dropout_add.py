@@ -99,7 +99,8 @@ def _launch_args(x, p, seed, sample_scale):
     numel = x.numel()
     scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)  # p = 1 drops everything (no 1/0)
     sample_numel = max(numel // x.shape[0], 1) if sample_scale is not None else 1
-    seed = seed if isinstance(seed, torch.Tensor) else int(seed)
+    # a seed tensor on another device (a CPU one for a GPU x) is read here, without a device sync
+    seed = seed if isinstance(seed, torch.Tensor) and seed.device == x.device else int(seed)
     return (triton.cdiv(numel, BLOCK),), float(p), scale, seed, sample_numel, p > 0.0
 
 
