@@ -8,10 +8,12 @@ import json
 import shutil
 import sqlite3
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from gpudiag.cli.main import cli
+from gpudiag.sources import row_checks
 
 
 @pytest.fixture
@@ -73,3 +75,16 @@ def test_every_kernel_dropped_is_a_one_line_error_that_says_so(edited, tmp_path)
     result, _ = _report(path, tmp_path)
     assert result.exit_code == 3 and "Traceback" not in result.output
     assert f"all {total} kernel rows" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_blobs_and_numbers_in_a_text_column_are_shown_as_text_and_counted():
+    """NVTX texts stored as BLOBs (fuzz seeds 6002198, 6002753): decoded as UTF-8 with U+FFFD for
+    bad bytes, numbers as their text, NULL kept, each repaired value counted; text-only columns
+    come back as they were."""
+    dropped: dict = {}
+    values = pd.Series(["gpudiag:step 1", b"\x00\xff", None, 7, b"ok"], dtype=object)
+    out = row_checks.as_text(values, "nvtx_ranges", dropped)
+    assert out.tolist() == ["gpudiag:step 1", "\x00\ufffd", None, "7", "ok"]
+    assert dropped == {"nvtx_ranges": {row_checks.NOT_TEXT: 3}}
+    text = pd.Series(["a", None, "b"], dtype=object)
+    assert row_checks.as_text(text, "nvtx_ranges", dropped) is text and dropped["nvtx_ranges"][row_checks.NOT_TEXT] == 3

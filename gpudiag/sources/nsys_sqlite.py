@@ -299,6 +299,7 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
         nv = nv.dropna(subset=["start_ns", "end_ns"])  # marks and unfinished ranges: not ranges, not odd
         rows_read["nvtx_ranges"] = len(nv)
         nv = row_checks.valid_times(nv, "nvtx_ranges", dropped)
+        nv["text"] = row_checks.as_text(nv["text"], "nvtx_ranges", dropped)
         from_id = _resolve(nv.pop("text_id"), strings)
         nv["text"] = nv["text"].where(nv["text"].notna(), from_id)
         nv["global_pid"] = _pid_of(nv["global_tid"])

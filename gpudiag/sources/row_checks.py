@@ -97,19 +97,31 @@ def drop_duplicates(df: pd.DataFrame, table: str, dropped: dict[str, dict[str, i
     return df
 
 
+NOT_TEXT = "values that are not text (rows kept)"
+
+
+def as_text(values: pd.Series, table: str, dropped: dict[str, dict[str, int]]) -> pd.Series:
+    """``values`` (a text column) with a BLOB or number where text belongs shown as text (bytes
+    decoded as UTF-8, bad bytes as U+FFFD), counted as repaired; NULLs stay NULL."""
+    if values.empty or pd.api.types.infer_dtype(values, skipna=True) in ("string", "empty"):
+        return values  # the common case, decided in C without a per-value Python call
+    not_text = values.map(lambda v: pd.notna(v) and not isinstance(v, str)).astype(bool)
+    if not not_text.any():
+        return values
+    dropped.setdefault(table, {})[NOT_TEXT] = dropped.get(table, {}).get(NOT_TEXT, 0) + int(not_text.sum())
+    return values.astype(object).where(~not_text, values[not_text].map(
+        lambda v: v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)))
+
+
 def id_lookup(ids: pd.Series, values: pd.Series, table: str, dropped: dict[str, dict[str, int]]) -> pd.Series:
     """A Series value-by-id from an id -> value table (``StringIds``, ``ENUM_*``): rows whose id is
     NULL or not an integer are left out, and of ids given twice the first row counts; both counted."""
     key = pd.to_numeric(ids, errors="coerce")
     bad = key.isna() | (key % 1 != 0) | (key.abs() >= 2**62)
-    not_text = values.map(lambda v: v is not None and not isinstance(v, str))
-    # a BLOB or number where text belongs: shown as text (bytes decoded, bad bytes as U+FFFD)
-    values = values.where(~not_text, values[not_text].map(
-        lambda v: v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)))
+    values = as_text(values, table, dropped)
     out = pd.Series(values[~bad].to_numpy(), index=key[~bad].astype("int64").to_numpy(), dtype=object)
     dup = out.index.duplicated(keep="first")
-    counts = {"NULL or non-integer ids": int(bad.sum()), "duplicate ids (first kept)": int(dup.sum()),
-              "values that are not text (rows kept)": int(not_text.sum())}
+    counts = {"NULL or non-integer ids": int(bad.sum()), "duplicate ids (first kept)": int(dup.sum())}
     counts = {reason: n for reason, n in counts.items() if n}
     if counts:
         dropped.setdefault(table, {}).update(counts)
