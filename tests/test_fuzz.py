@@ -34,10 +34,10 @@ CI_CASES = 40  # ~0.3-1 s each on the 2-core CPU machine
 # listed as applied (3007492); in the second 10,000-case run, an NVTX globalTid of 1e300, past int64
 # (4004022); in the third, API-call thread ids of 2**62, which that fix wrongly turned into no process,
 # and a call without a process in the launch-call join (5006153); NVTX texts stored as BLOBs (6002198,
-# 6002753).
+# 6002753); in the fifth, text in TARGET_INFO_GPU.totalMemory (7005012).
 REGRESSION_SEEDS = [1000101, 1000167, 1000589, 1000244, 1000374, 1000659, 1000378, 1005063, 1005066, 1005043,
                     1000625, 1005266, 1005133, 1005168, 2000184, 3000137, 3005283, 3007766, 3007492, 4004022,
-                    5006153, 6002198, 6002753]
+                    5006153, 6002198, 6002753, 7005012]
 
 
 @pytest.mark.parametrize("fixture, cases, seed", [("tiny_gemm_gelu", CI_CASES, 0), ("vit", 3, 7)])

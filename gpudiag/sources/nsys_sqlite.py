@@ -246,7 +246,8 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
         k = row_checks.required(k, "kernels", PLACED_BY, dropped)
         k = row_checks.numeric(k, "kernels", [c for c in k.columns if c.startswith(("grid_", "block_"))]
                                + ["device_id", "stream_id", "registers_per_thread",
-                                  "static_smem_bytes", "dynamic_smem_bytes", "local_mem_per_thread_bytes"], dropped)
+                                  "static_smem_bytes", "dynamic_smem_bytes", "local_mem_per_thread_bytes",
+                                  "graph_node_id"], dropped)
         k["name"] = _resolve(k.pop("name_id"), strings, "kernels", dropped, placeholder="unnamed kernel")
         k["short_name"] = _resolve(k.pop("short_name_id"), strings).fillna(k["name"])
         k = k.sort_values("start_ns", kind="stable").reset_index(drop=True)
@@ -307,6 +308,9 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
 
         dev = _select(conn, "TARGET_INFO_GPU", READ_COLUMNS["TARGET_INFO_GPU"], tables, missing)
         dev = row_checks.unique_ids(dev, "devices", "device_id", dropped)
+        # SM count, bandwidth and memory size feed the peaks and the rules: text there is NULL, counted
+        dev = row_checks.numeric(dev, "devices", [c for c in READ_COLUMNS["TARGET_INFO_GPU"].values()
+                                                  if c not in ("device_id", "name")], dropped)
         return NsysExport(path=path, kernels=k, runtime_api=api, memcpy=mc, memset=ms, sync=sy,
                           nvtx_ranges=nv, devices=dev, environment=_environment(conn, tables), missing=missing,
                           dropped=dropped, rows_read=rows_read)
