@@ -15,9 +15,7 @@ not a GPU host's; the stub means the launch cost of the real kernel is not inclu
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU tensors; the launch is stubbed anyway
@@ -28,6 +26,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from gpudiag.kernels import custom_ops as co  # noqa: E402  (importing registers the ops)
 from gpudiag.kernels import custom_ops_swin as cs  # noqa: E402
+from host_launch_cost import per_call_us  # noqa: E402  (benchmarks/, beside this script)
 
 SWIN_T_BLOCKS = 12
 
@@ -35,18 +34,6 @@ SWIN_T_BLOCKS = 12
 def _stub_launches() -> None:
     """Make ``kernel[grid](...)`` a no-op: what is left is the host work around the launch."""
     InterpretedFunction.__getitem__ = lambda self, grid: (lambda *args, **kwargs: None)
-
-
-def per_call_us(fn, calls: int = 300) -> float:
-    for _ in range(30):
-        fn()
-    rounds = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        rounds.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(rounds)
 
 
 def _cases():
@@ -87,7 +74,7 @@ def main() -> None:
     print(f"{'op':40} {'custom op µs':>13} {'body µs':>9} {'dispatch µs':>12}")
     with torch.no_grad():
         for name, via_op, body in _cases():
-            t_op, t_body = per_call_us(via_op), per_call_us(body)
+            t_op, t_body = per_call_us(via_op, 300, 30), per_call_us(body, 300, 30)
             total_op, total_body = total_op + t_op, total_body + t_body
             print(f"{name:40} {t_op:13.1f} {t_body:9.1f} {t_op - t_body:12.1f}")
     print(f"per block (these 8 ops): {total_op:.0f} µs through custom ops, {total_body:.0f} µs in the bodies; "

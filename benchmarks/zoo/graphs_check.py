@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import traceback
 
 import torch
@@ -204,6 +206,12 @@ def check_reduce_overhead(variant: str) -> dict:
             "ok": abs(losses[-1] - ref_loss) / abs(ref_loss) < 0.01 and not skips.get("cudagraph_skips")}
 
 
+def _relative(text: str) -> str:
+    """``text`` with this machine's paths cut to the repository or site-packages (results are committed)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+    return re.sub(r"[^\s\"']*site-packages/", "site-packages/", text.replace(root, ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results here")
@@ -218,8 +226,8 @@ def main() -> None:
         try:
             result = check()
         except Exception as exc:  # a failed capture is a result of this check, not the end of the others
-            result = {"check": name, "ok": False, "error": repr(exc)[:500],
-                      "traceback": traceback.format_exc()[-2000:]}
+            result = {"check": name, "ok": False, "error": _relative(repr(exc))[:500],
+                      "traceback": _relative(traceback.format_exc())[-2000:]}
         print(json.dumps(result), flush=True)
         results.append(result)
     if args.json:
