@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from gpudiag import nvtx_names
 from gpudiag.capture import dynamo_stats
 from gpudiag.capture.op_ranges import NullNvtx, _make_op_mode, default_nvtx
+from gpudiag.capture.window import Window
 
 
 @dataclass
@@ -54,6 +55,21 @@ class CaptureConfig:
     module_ranges: bool = True
     op_ranges: bool = True
     bare: bool = False
+    window_steps: int | None = None  # measured steps after warm-up; None: the whole script
+    run_to_end: bool = False  # after the window: keep the script running, untraced and untimed
+    capture_range: bool = False  # nsys --capture-range=cudaProfilerApi: cudaProfilerStart/Stop at the window
+    trial: str | None = None  # a change applied in the process (gpudiag.trials.changes), bare runs only
+
+    @property
+    def last_window_step(self) -> int | None:
+        """Index of the window's last step, None without a window."""
+        return None if self.window_steps is None else self.warmup_steps + self.window_steps - 1
+
+    @property
+    def capture_start_step(self) -> int:
+        """The step at which the capture range opens: the warm-up's last step (its end is where
+        the first measured step's GPU window starts), or step 0 without warm-up."""
+        return max(self.warmup_steps - 1, 0)
 
     @property
     def effective_detail_step(self) -> int:
@@ -84,6 +100,8 @@ class _State:
     step_end_ns: dict = field(default_factory=dict)  # step -> host perf_counter_ns at its end
     step_start_event: dict = field(default_factory=dict)  # step -> CUDA event recorded at its start (nvtx mode)
     step_end_event: dict = field(default_factory=dict)  # step -> CUDA event recorded at its end
+    window: object = None  # gpudiag.capture.window.Window: capture range, end of the window, losses
+    step_open_callbacks: list = field(default_factory=list)  # called with the step index as each step opens
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -107,6 +125,9 @@ def _stop_op_ranges(state: _State) -> None:
 
 def _open_step(state: _State) -> None:
     state.step_index += 1
+    state.window.step_opening(state.step_index)  # the capture range opens before the step's range
+    for callback in state.step_open_callbacks:
+        callback(state.step_index)
     state.step_range = state.nvtx.start(f"{nvtx_names.STEP}{state.step_index}")
     _start_op_ranges_if_detail(state)
 
@@ -163,18 +184,22 @@ def _close_step(state: _State) -> None:
 def step_boundary() -> None:
     """End the open step and open the next one (called at ``optimizer.step()`` or ``gpudiag.step()``)."""
     state = _state
-    if state is None:
+    if state is None or state.window.closed:
         return
     with state.lock:
         if state.step_range is None and state.step_index == -1:
             return  # a boundary before any forward: nothing measured yet
         _close_step(state)
-        _open_step(state)
+        done = state.window.step_closed(state.step_index)
+        if not done:
+            _open_step(state)
+    if done:
+        state.window.close(state)  # raises WindowComplete unless --run-to-end
 
 
 def _ensure_step_open() -> None:
     state = _state
-    if state is not None and state.step_mode != "nvtx" and state.step_index == -1:
+    if state is not None and state.step_mode != "nvtx" and state.step_index == -1 and not state.window.closed:
         with state.lock:
             if state.step_index == -1:
                 _open_step(state)
@@ -288,6 +313,7 @@ def _wrap_backward(torch):
         if state is None or _compiling():
             return original(*args, **kwargs)
         _ensure_step_open()
+        state.window.record_loss(state.step_index, args[0] if args else kwargs.get("tensors"))
         state.nvtx.push(nvtx_names.PHASE + "backward")
         try:
             return original(*args, **kwargs)
@@ -325,10 +351,15 @@ def _wrap_user_nvtx(state: _State, torch) -> None:
     depth = [0]
 
     def range_push(msg):
+        is_step = not state.window.closed and bool(state.step_regex.search(str(msg)))
+        if is_step:
+            state.window.step_opening(state.step_index + 1)  # the capture range opens before the range
         result = original_push(msg)
         depth[0] += 1
-        if state.step_regex.search(str(msg)):
+        if is_step:
             state.step_index += 1
+            for callback in state.step_open_callbacks:
+                callback(state.step_index)
             state.step_start_ns[state.step_index] = time.perf_counter_ns()
             _record_event(state.step_start_event, state.step_index)
             depth_of_step.append(depth[0])
@@ -336,14 +367,19 @@ def _wrap_user_nvtx(state: _State, torch) -> None:
         return result
 
     def range_pop():
+        done = False
         if depth_of_step and depth_of_step[-1] == depth[0]:
             depth_of_step.pop()
             state.step_end_ns[state.step_index] = time.perf_counter_ns()
             _record_event(state.step_end_event, state.step_index)
             _stop_op_ranges(state)
             state.steps_completed += 1
+            done = state.window.step_closed(state.step_index)
         depth[0] -= 1
-        return original_pop()
+        result = original_pop()
+        if done:
+            state.window.close(state)  # raises WindowComplete unless --run-to-end
+        return result
 
     nvtx_mod.range_push, nvtx_mod.range_pop = range_push, range_pop
 
@@ -380,7 +416,7 @@ def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State
     if config.bare:
         config.module_ranges = config.op_ranges = False
         nvtx = NullNvtx()
-    state = _State(config=config, nvtx=nvtx or default_nvtx())
+    state = _State(config=config, nvtx=nvtx or default_nvtx(), window=Window(config))
     state.step_mode = detect_step_mode(config, script_source)
     if state.step_mode == "nvtx":
         state.step_regex = re.compile(config.steps_from[5:])
@@ -393,7 +429,7 @@ def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State
     if not config.bare:  # the bare run keeps only what step boundaries need: no per-module cost
         nn_module.register_module_forward_pre_hook(_forward_pre_hook)
         nn_module.register_module_forward_hook(_forward_hook, always_call=True)
-        _wrap_backward(torch)
+    _wrap_backward(torch)  # in the bare run too: it records the loss (see Window.record_loss)
     optim_module.register_optimizer_step_pre_hook(_optimizer_pre_hook)
     optim_module.register_optimizer_step_post_hook(_optimizer_post_hook)
     return state
@@ -428,6 +464,7 @@ def finish() -> dict:
         return {}
     with state.lock:
         _stop_op_ranges(state)
+        state.window.stop_capture()  # a script that ended inside its window: the capture ends here
         if state.step_range is not None:
             state.nvtx.end(state.step_range)
             state.step_range = None
@@ -445,4 +482,5 @@ def finish() -> dict:
         "compile": dynamo_stats.compile_summary(),
         "step_wall_ns": step_wall_times(state),
         "step_gpu_ns": _safely(step_gpu_times, state),
+        **state.window.summary(),
     }

@@ -19,6 +19,8 @@ import sys
 import time
 import traceback
 
+from gpudiag.capture.window import WindowComplete
+
 
 def _exit_code(exc: SystemExit) -> int:
     if exc.code is None:
@@ -82,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     status = {"script": os.path.basename(ns.script), "args": ns.args, "exit_code": None,
               "exception": None, "traceback": None, "started_unix_s": time.time()}
     state = instrument.install(config, source)
+    if config.trial:  # a trial run: the change is applied here, in the user's process, before the script runs
+        from gpudiag.trials import changes
+
+        changes.install(config.trial, state)
     if config.module_ranges:  # compiled kernels back to modules: only where module ranges are wanted
         inductor_provenance.install(state.nvtx)
 
@@ -89,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         _run(ns.script, ns.args, ns.module, path)
+    except WindowComplete as exc:  # the step window is complete: the script was ended on purpose
+        code = 0
+        status["stopped_after_window"] = exc.steps
     except SystemExit as exc:
         code = _exit_code(exc)
     except KeyboardInterrupt:  # Ctrl-C, or gpudiag profile passing one on: the capture stops here
@@ -115,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         status.update(instrument.finish())
         if config.module_ranges:
             status["inductor_provenance"] = inductor_provenance.collect()
+        if config.trial:
+            status["trial"] = changes.summary()
         status["exit_code"] = code
         status["ended_unix_s"] = time.time()
         with open(ns.status, "w", encoding="utf-8") as f:

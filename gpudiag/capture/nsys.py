@@ -61,17 +61,22 @@ def locate_nsys(explicit: str | None = None) -> Path:
                        KNOWN_GLOBS, INSTALL_HINT, "Nsight Systems")
 
 
-def profile_command(nsys: Path, report_base: Path, launcher_args: list[str]) -> list[str]:
+def profile_command(nsys: Path, report_base: Path, launcher_args: list[str], capture_range: bool = False) -> list[str]:
     """``nsys profile`` command line tracing CUDA (graphs per node), NVTX and OS runtime calls.
 
     CPU sampling and context switches are off: gpudiag reads neither, and they dominate export
-    size. ``report_base`` has no extension; nsys appends ``.nsys-rep``."""
+    size. ``report_base`` has no extension; nsys appends ``.nsys-rep``. With ``capture_range``
+    nsys records only between the launcher's ``cudaProfilerStart`` and ``cudaProfilerStop``
+    (``--capture-range=cudaProfilerApi``; ``--capture-range-end=stop`` lets the application run
+    on after the stop instead of being killed, as the default ``stop-shutdown`` would)."""
+    window = ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"] if capture_range else []
     return [
         str(nsys), "profile",
         "--trace=cuda,nvtx,osrt",
         "--cuda-graph-trace=node",
         "--sample=none", "--cpuctxsw=none",
         "--force-overwrite=true",
+        *window,
         "--output", str(report_base),
         sys.executable, "-m", "gpudiag.capture.launch", *launcher_args,
     ]

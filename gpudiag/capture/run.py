@@ -139,7 +139,8 @@ def capture(script: Path, script_args: list[str], run_dir: Path, config: Capture
     interrupted = None
     with stage(f"[1/3] profiling {script} under Nsight Systems ({nsys_path})"):
         try:
-            run_logged(nsys.profile_command(nsys_path, run_dir / REPORT_BASE, launcher_args), log, _launcher_env())
+            run_logged(nsys.profile_command(nsys_path, run_dir / REPORT_BASE, launcher_args, config.capture_range), log,
+                       _launcher_env())
         except Interrupted as exc:
             interrupted = exc
         except OSError as exc:  # e.g. a script whose interpreter is missing passed as --nsys
@@ -161,6 +162,22 @@ def capture(script: Path, script_args: list[str], run_dir: Path, config: Capture
     return CaptureResult(run_dir=run_dir, report=report, sqlite=sqlite_path, status=status, interrupted=interrupted)
 
 
+def run_bare(script: Path | str, script_args: list[str], run_dir: Path, config: CaptureConfig, status_name: str,
+             timeout_s: float | None = None) -> tuple[int, dict]:
+    """The script once, without nsys, under the launcher with ``config`` made bare (no NVTX, no
+    module hooks, no capture range); output to the log only. Returns (exit code, the launcher's
+    status or {} when it wrote none). Used by the bare run and by the trials."""
+    bare = dataclasses.replace(config, bare=True, capture_range=False)
+    cmd = [sys.executable, "-m", "gpudiag.capture.launch", *_launcher_args(script, script_args, run_dir, bare, status_name)]
+    code = run_logged(cmd, run_dir / LOG_NAME, _launcher_env(), echo=False, timeout_s=timeout_s)
+    path = run_dir / status_name
+    try:
+        status = json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:  # written half when the run was killed
+        status = {}
+    return code, status
+
+
 def capture_bare(script: Path, script_args: list[str], run_dir: Path, config: CaptureConfig, echo=print,
                  stage=None) -> dict:
     """The representativeness run: the script once more, without nsys and without NVTX or module
@@ -168,14 +185,10 @@ def capture_bare(script: Path, script_args: list[str], run_dir: Path, config: Ca
     output goes to the log only. Returns its status (``step_wall_ns`` by step), or {} when it
     wrote none; a failing bare run is reported, never raised (Ctrl-C raises
     :class:`~gpudiag.capture.toolrun.Interrupted` once the run has stopped)."""
-    log = run_dir / LOG_NAME
-    bare = dataclasses.replace(config, bare=True)
-    cmd = [sys.executable, "-m", "gpudiag.capture.launch", *_launcher_args(script, script_args, run_dir, bare, BARE_STATUS_NAME)]
     with (stage or plain_stage(echo))("[bare] timing the same steps without the profiler "
                                       "(output in gpudiag.log; --no-bare-run skips this)"):
-        code = run_logged(cmd, log, _launcher_env(), echo=False)
-    path = run_dir / BARE_STATUS_NAME
-    status = json.loads(path.read_text()) if path.exists() else {}
+        code, status = run_bare(script, script_args, run_dir, config, BARE_STATUS_NAME)
     if code != 0:
-        echo(f"[bare] the run without the profiler exited with code {code} (see {log}); its step times are kept if any")
+        echo(f"[bare] the run without the profiler exited with code {code} (see {run_dir / LOG_NAME}); "
+             "its step times are kept if any")
     return status

@@ -139,9 +139,12 @@ def _note(message: str) -> None:
         pass
 
 
-def run_logged(cmd: list[str], log: Path, env: dict | None = None, echo: bool = True) -> int:
+def run_logged(cmd: list[str], log: Path, env: dict | None = None, echo: bool = True,
+               timeout_s: float | None = None) -> int:
     """Run ``cmd`` with stdout and stderr appended to ``log``; the lines that are not the tool's own
-    progress or status are echoed to stdout too, unless ``echo`` is False. Returns the exit code.
+    progress or status are echoed to stdout too, unless ``echo`` is False. Returns the exit code;
+    past ``timeout_s`` seconds the child's group gets SIGTERM (then SIGKILL 10 s later) and the
+    code is the child's (the launcher exits 143 on SIGTERM).
 
     Raises :class:`Interrupted` when gpudiag received SIGINT or SIGTERM while ``cmd`` ran (after
     ``cmd`` has exited), ``KeyboardInterrupt`` on a second one (``cmd``'s group killed)."""
@@ -155,6 +158,12 @@ def run_logged(cmd: list[str], log: Path, env: dict | None = None, echo: bool = 
                                                     text=True, errors="replace", start_new_session=own_group)
             if received:  # arrived while the child was starting
                 _kill_group(proc, received[0])
+            timers = [] if timeout_s is None else [
+                threading.Timer(timeout_s, _kill_group, (proc, signal.SIGTERM)),
+                threading.Timer(timeout_s + 10, _kill_group, (proc, signal.SIGKILL))]
+            for timer in timers:
+                timer.daemon = True
+                timer.start()
             try:
                 _copy_output(proc.stdout, f, echo)
                 code = proc.wait()
@@ -162,6 +171,9 @@ def run_logged(cmd: list[str], log: Path, env: dict | None = None, echo: bool = 
                 _kill_group(proc, signal.SIGKILL)
                 proc.wait()
                 raise
+            finally:
+                for timer in timers:
+                    timer.cancel()
     if received:
         raise Interrupted(received[0], code)
     return code

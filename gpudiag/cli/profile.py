@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -175,14 +176,24 @@ def prepare_run_dir(run_dir: Path, force: bool) -> None:
               help="At most this many kernel launches profiled by --ncu.")
 @click.option("--no-bare-run", is_flag=True, help="Skip the second run without the profiler that measures how much "
               "the profiler slows each step (the report then cannot correct its overhead-bound numbers).")
+@click.option("--steps", "window_steps", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Measured steps after the warm-up: the capture holds the warm-up's last step and these, and the "
+                   "script is then ended (0: run and capture the whole script).")
+@click.option("--run-to-end", is_flag=True, help="After the --steps window, let the script run on (not captured).")
+@click.option("--try", "try_changes", default="auto", show_default=True, metavar="auto|none|CHANGE,...",
+              help="Changes to apply and measure bare after the analysis (trials): auto picks up to three from the "
+                   "recommendations; or a list of compile, compile-graphs, fused-optimizer, channels-last, tf32, "
+                   "bf16-autocast, cudnn-benchmark, kernels.")
+@click.option("--try-budget", type=click.FloatRange(min=1), default=300, show_default=True,
+              help="Seconds all trials together may take (the baseline included).")
 @click.option("--verify", is_flag=True, help="Time the reference kernel of each top fusion candidate at the recorded "
               "shapes on this GPU (eager vs fused vs torch.compile, outputs checked) and show it in the report.")
 @analysis_options
 def profile(script: Path | None, script_args: tuple[str, ...], module: str | None, run_dir: Path | None, force: bool,
             nsys_path: str | None,
             detail_step: int | None, no_module_ranges: bool, no_op_ranges: bool, no_analysis: bool,
-            use_ncu: bool, ncu_top: int, ncu_max_kernels: int, no_bare_run: bool, verify: bool,
-            options: AnalysisOptions) -> None:
+            use_ncu: bool, ncu_top: int, ncu_max_kernels: int, no_bare_run: bool, window_steps: int,
+            run_to_end: bool, try_changes: str, try_budget: float, verify: bool, options: AnalysisOptions) -> None:
     """Profile SCRIPT on this GPU and write a run directory with report.html and report.json.
 
     Arguments after ``--`` go to the script; its exit code becomes gpudiag's. If the script
@@ -190,8 +201,15 @@ def profile(script: Path | None, script_args: tuple[str, ...], module: str | Non
     Ctrl-C, which stops the capture (exit code 130; a second Ctrl-C aborts at once).
 
     \b
+    A long training job is profiled over a step window: warm-up, then ``--steps`` measured steps
+    (default 20), after which gpudiag ends the script; only the warm-up's last step and the window
+    are captured. Then the top recommendations it can apply itself are tried, each measured bare
+    over the same kind of window (``--try``).
+
+    \b
     Example:
-        gpudiag profile train.py -- --epochs 1
+        gpudiag profile train.py
+        gpudiag profile train.py --steps 50 --try compile,fused-optimizer
         gpudiag profile train.py -o runs/baseline --force -- --batch 64
         gpudiag profile train.py --ncu --ncu-top 20 -- --epochs 1
         gpudiag profile -m mypackage.train -- --epochs 1
@@ -204,7 +222,14 @@ def profile(script: Path | None, script_args: tuple[str, ...], module: str | Non
     warmup = 2 if options.warmup_steps is None else options.warmup_steps
     config = CaptureConfig(steps_from=options.steps_from or "auto", warmup_steps=warmup,
                            detail_step=detail_step, module_ranges=not no_module_ranges,
-                           op_ranges=not no_op_ranges)
+                           op_ranges=not no_op_ranges, window_steps=window_steps or None,
+                           run_to_end=run_to_end, capture_range=bool(window_steps))
+    try:
+        from gpudiag.trials.plan import parse_try
+
+        asked = parse_try(try_changes)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     try:
         detect_step_mode(config, "")
     except ValueError as exc:
@@ -216,7 +241,7 @@ def profile(script: Path | None, script_args: tuple[str, ...], module: str | Non
     run_dir = run_dir or default_run_dir(Path(script.rsplit(".", 1)[-1]) if isinstance(script, str) else script)
     prepare_run_dir(run_dir, force)
     job = Job(script, list(script_args), run_dir, config, nsys_exe, AnalysisOptions(options.steps_from, warmup),
-              no_bare_run, no_analysis, use_ncu, ncu_top, ncu_max_kernels, verify)
+              no_bare_run, no_analysis, use_ncu, ncu_top, ncu_max_kernels, verify, asked, try_budget)
     stage = StageTracker(stage_display())
     try:
         code = _capture_and_report(job, stage)
@@ -241,6 +266,8 @@ class Job:
     ncu_top: int
     ncu_max_kernels: int
     verify: bool
+    asked_changes: list[str] | None = None  # --try: None chooses from the report, [] tries nothing
+    try_budget_s: float = 300.0
 
 
 def _capture_and_report(job: Job, stage: StageTracker) -> int:
@@ -252,10 +279,7 @@ def _capture_and_report(job: Job, stage: StageTracker) -> int:
     # 14-56 % slower than the same script run plainly before it (docs/notes/measurements.md).
     bare = None if job.no_bare_run else capture_bare(job.script, job.script_args, run_dir, job.config,
                                                      echo=click.echo, stage=stage)
-    try:
-        result = capture(job.script, job.script_args, run_dir, job.config, job.nsys_exe, echo=click.echo, stage=stage)
-    except CaptureError as exc:
-        raise UserError(str(exc), exit_code=3) from None
+    result = _capture_window(job, bare, stage)
     code = result.script_exit_code
     if result.interrupted:
         result.status = mark_interrupted(run_dir, "profiling", result.interrupted.signum)
@@ -278,7 +302,8 @@ def _capture_and_report(job: Job, stage: StageTracker) -> int:
     detail = report["steps"]["detail_step"]
     if job.use_ncu and detail is not None and report["top_kernels"]:
         names = [k["name"] for k in report["top_kernels"][:job.ncu_top]]
-        ncu_report = capture_ncu(job.script, job.script_args, run_dir, job.config, detail, names, job.ncu_max_kernels,
+        ncu_report = capture_ncu(job.script, job.script_args, run_dir, dataclasses.replace(job.config, capture_range=False),
+                                 detail, names, job.ncu_max_kernels,
                                  echo=click.echo, stage=stage)
         if ncu_report is not None:
             with stage("[ncu] re-analysing with Nsight Compute measurements"):
@@ -288,7 +313,60 @@ def _capture_and_report(job: Job, stage: StageTracker) -> int:
         click.echo("--ncu skipped: no detail step with kernels (profile with op ranges and at least warm-up + 1 steps)")
     if job.verify:
         _verify(run_dir, echo=click.echo)
+    if job.asked_changes != []:
+        _trials(job, result.status)
     return code
+
+
+def _capture_window(job: Job, bare: dict | None, stage: StageTracker):
+    """The capture over the step window; the whole script when the window cannot open: the bare
+    run found fewer steps than the warm-up, or nsys recorded nothing because the launcher never
+    reached the window (then the script runs once more, captured whole). Raises UserError when
+    nsys fails."""
+    config = job.config
+    if config.capture_range and bare is not None and bare.get("exit_code") == 0 \
+            and int(bare.get("steps_completed") or 0) < config.capture_start_step:
+        click.echo(f"[window] the bare run completed {bare.get('steps_completed') or 0} steps, fewer than the "
+                   f"{config.warmup_steps} warm-up steps: capturing the whole script (see --steps-from)")
+        config = job.config = dataclasses.replace(config, capture_range=False)
+    try:
+        return capture(job.script, job.script_args, job.run_dir, config, job.nsys_exe, echo=click.echo, stage=stage)
+    except CaptureError as exc:
+        status_path = job.run_dir / STATUS_NAME
+        status = json.loads(status_path.read_text()) if status_path.exists() else {}
+        if not config.capture_range or status.get("capture_started_step") is not None or not status:
+            raise UserError(str(exc), exit_code=3) from None
+    click.echo(f"[window] the script reached no step window ({status.get('steps_completed', 0)} steps): "
+               "capturing the whole script instead (see --steps-from)")
+    job.config = dataclasses.replace(config, capture_range=False)
+    try:
+        return capture(job.script, job.script_args, job.run_dir, job.config, job.nsys_exe, echo=click.echo, stage=stage)
+    except CaptureError as exc:
+        raise UserError(str(exc), exit_code=3) from None
+
+
+def _trials(job: Job, status: dict) -> None:
+    """Choose and run the trials, then rewrite report.json / report.html with them."""
+    from gpudiag.cli.report import write_reports
+    from gpudiag.reports.terminal import render_trials
+    from gpudiag.trials import plan, results, runner
+
+    report_path = job.run_dir / "report.json"
+    if not report_path.exists():
+        return
+    report = json.loads(report_path.read_text())
+    chosen, left = plan.choose(report, status, job.asked_changes)
+    for entry in left:
+        click.echo(f"[try] not tried: {entry['change']} ({entry['reason']})")
+    if not chosen:
+        click.echo("[try] no recommendation gpudiag can apply itself; --try CHANGE,... picks changes")
+        results.attach(report, [], left)
+    else:
+        trials = runner.run_trials(job.script, job.script_args, job.run_dir, job.config, chosen, status,
+                                   job.try_budget_s, echo=click.echo)
+        results.attach(report, trials, left)
+        render_trials(report)
+    write_reports(report, job.run_dir)
 
 
 def _analyse_interrupted(job: Job, result, stage: StageTracker) -> int:

@@ -112,6 +112,9 @@ def _ingest_and_analyse(export: Path, out_dir: Path, options: AnalysisOptions, s
             message = str(exc).replace(str(source), str(export))
             raise UserError(message.replace(str(ncu_source), str(ncu)) if ncu_source else message) from None
     warmup = options.warmup_steps if options.warmup_steps is not None else (status or {}).get("warmup_steps", 2)
+    # A step-window capture starts at the warm-up's last step: only the warm-up steps it holds count.
+    first_captured = (status or {}).get("capture_started_step")
+    warmup = max(warmup - int(first_captured), 0) if first_captured is not None else warmup
     try:
         return analyse(db, warmup_steps=warmup, steps_from=options.steps_from, status=status, calibration=calibration,
                        top=top)

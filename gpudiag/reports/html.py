@@ -164,6 +164,23 @@ def roofline_chart(result: dict) -> str:
     return _figure_html(fig)
 
 
+def trials_chart(result: dict) -> str:
+    """Grouped bars per tried change: predicted vs measured saving per step (ms); empty without
+    measured trials."""
+    trials = [t for t in result.get("trials") or [] if t.get("saving_ns") is not None]
+    if not trials:
+        return ""
+    labels = [html.escape(t["change"]) for t in trials]  # plotly renders markup in labels
+    fig = go.Figure()
+    fig.add_bar(name="predicted", x=labels, y=[(t.get("predicted_saving_ns") or 0) / 1e6 for t in trials],
+                marker_color="#bab0ac")
+    fig.add_bar(name="measured (trial, bare)", x=labels, y=[t["saving_ns"] / 1e6 for t in trials],
+                marker_color="#4c78a8")
+    fig.update_layout(barmode="group", height=320, margin=dict(l=50, r=10, t=30, b=40),
+                      yaxis_title="saving per step (ms)", title="Predicted vs measured saving of each change")
+    return _figure_html(fig)
+
+
 def render(result: dict) -> str:
     """The whole report page as HTML text."""
     result = with_distinct_labels(result)
@@ -171,7 +188,7 @@ def render(result: dict) -> str:
     return template.render(
         r=result, colors=CLASS_COLORS,
         charts={"breakdown": breakdown_chart(result), "top_kernels": top_kernels_chart(result),
-                "roofline": roofline_chart(result)},
+                "roofline": roofline_chart(result), "trials": trials_chart(result)},
         plotly_js=plotly.offline.get_plotlyjs(),
     )
 

@@ -48,14 +48,42 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
         table = Table(title="recommendations (by expected saving per step)", show_header=True, header_style="bold")
         table.add_column("rule")
         table.add_column("what", overflow="fold", max_width=60)
-        table.add_column("saving/step", justify="right")
+        table.add_column("predicted/step", justify="right")
+        table.add_column("measured (trial)", justify="right")
         for rec in recs[:5]:
-            table.add_row(Text(rec["rule_id"]), Text(rec["title"]), saving_text(rec))
+            table.add_row(Text(rec["rule_id"]), Text(rec["title"]), saving_text(rec),
+                          trial_saving_text(rec, result.get("trials") is not None))
         console.print(table)
         pairs = overlap_pairs(recs[:5])
         if pairs:
             console.print(Text("not to be added up (they count the same time): " + "; ".join(pairs)), highlight=False)
     render_fusion(result, console)
+
+
+def trial_saving_text(rec: dict, trials_ran: bool) -> str:
+    """A recommendation's measured saving, its trial's change and status; "not tried", or "not
+    measured" for a report without trials (an export made without gpudiag profile)."""
+    if rec.get("measured_saving_ns") is None:
+        return "not tried" if trials_ran else "not measured"
+    flag = ", changes results" if rec.get("trial_status") == "changes results" else ""
+    return f"{fmt_ns(rec['measured_saving_ns'])} ({rec['trial_change']}{flag})"
+
+
+def render_trials(result: dict, console: Console | None = None) -> None:
+    """The trials: change, status, baseline and trial step times, measured vs predicted saving."""
+    console = console or Console()
+    trials = result.get("trials") or []
+    if not trials:
+        return
+    table = Table(title="trials: changes applied to the script and measured bare", header_style="bold")
+    for col in ("change", "status", "baseline", "with it", "saving", "predicted"):
+        table.add_column(col, justify="left" if col in ("change", "status") else "right")
+    for t in trials:
+        status = t["status"] + (f": {t['error']}" if t.get("error") else "")
+        saving = "–" if t.get("saving_ns") is None else f"{fmt_ns(t['saving_ns'])} ({fmt_pct(t['saving_percent'])})"
+        table.add_row(Text(t["change"]), Text(status), fmt_ns(t.get("baseline_step_ns")),
+                      fmt_ns(t.get("trial_step_ns")), saving, fmt_ns(t.get("predicted_saving_ns")))
+    console.print(table)
 
 
 def render_communication(result: dict, console: Console) -> None:

@@ -1,0 +1,116 @@
+"""The step window: which steps a run traces and times, and where it stops the script.
+
+``gpudiag profile --steps N`` measures N steps after the warm-up. In the profiled run the capture
+range opens at the warm-up's last step (``cudaProfilerStart``, read by nsys
+``--capture-range=cudaProfilerApi``) and closes after the window's last step (``cudaProfilerStop``),
+so model construction, compile warm-up and data loading before it are not traced. After the window
+the launcher ends the script by raising :class:`WindowComplete`, a ``SystemExit(0)`` that runs the
+script's ``finally`` blocks and context managers as a normal exit does; with ``--run-to-end`` the
+script keeps running, untraced, and its later steps are neither timed nor recorded.
+
+It also keeps the value each step called ``backward()`` on (the loss), without waiting for the
+GPU: the tensor is kept and read once, after the script ends. The trials compare it between the
+baseline and a changed run (:mod:`gpudiag.trials.results`).
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class WindowComplete(SystemExit):
+    """Raised at the end of the window's last step: ends the script with exit code 0."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(0)
+        self.steps = steps
+
+
+class Window:
+    """Per-process window bookkeeping, driven by the instrumentation's step boundaries.
+
+    ``config``: the run's :class:`~gpudiag.capture.instrument.CaptureConfig` (``warmup_steps``,
+    ``window_steps``, ``run_to_end``, ``capture_range``)."""
+
+    MAX_LOSSES = 1000  # a --steps 0 run of a long script keeps at most this many loss tensors
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.closed = False  # the window's last step has ended
+        self.capture_started_step: int | None = None
+        self.capture_stopped = False
+        self.window_start_unix_s: float | None = None  # when the first measured step opened
+        self.losses: dict[int, object] = {}  # step -> the detached scalar backward() was called on
+
+    # -- capture range --------------------------------------------------------------------------
+    def step_opening(self, step: int) -> None:
+        """Called as step ``step`` is about to open (before its NVTX range)."""
+        if step == self.config.warmup_steps:
+            self.window_start_unix_s = time.time()
+        if self.config.capture_range and self.capture_started_step is None and step >= self.config.capture_start_step:
+            if _profiler("start"):
+                self.capture_started_step = step
+
+    def stop_capture(self) -> None:
+        """``cudaProfilerStop`` after the GPU has finished (the last kernels land in the capture)."""
+        if self.capture_started_step is not None and not self.capture_stopped:
+            self.capture_stopped = _profiler("stop")
+
+    # -- end of the window ----------------------------------------------------------------------
+    def step_closed(self, step: int) -> bool:
+        """True when ``step`` was the window's last: the caller opens no further step."""
+        last = self.config.last_window_step
+        self.closed = last is not None and step >= last
+        return self.closed
+
+    def close(self, state) -> None:
+        """After the window's last step: stop the capture, stop recording, and end the script
+        (raises :class:`WindowComplete`) unless ``run_to_end``."""
+        self.stop_capture()
+        from gpudiag.capture.op_ranges import NullNvtx
+
+        state.nvtx = NullNvtx()  # --run-to-end: the rest of the script adds no ranges
+        if not self.config.run_to_end:
+            raise WindowComplete(state.steps_completed)
+
+    # -- losses ---------------------------------------------------------------------------------
+    def record_loss(self, step: int, tensors) -> None:
+        """Keep the scalar ``backward()`` was called on in ``step`` (the first such call of the
+        step); a non-scalar (a gradient given) is not kept."""
+        if self.closed or step in self.losses or len(self.losses) >= self.MAX_LOSSES:
+            return
+        tensor = tensors[0] if isinstance(tensors, (tuple, list)) and tensors else tensors
+        if getattr(tensor, "numel", None) is not None and tensor.numel() == 1:
+            self.losses[step] = tensor.detach()
+
+    def loss_values(self) -> dict[str, float]:
+        """The kept losses as floats (one device-to-host copy each, after the script ended)."""
+        values = {}
+        for step, tensor in sorted(self.losses.items()):
+            try:
+                values[str(step)] = float(tensor.float().item())
+            except RuntimeError:  # a CUDA error at the end of a crashed script: keep the others
+                continue
+        return values
+
+    def summary(self) -> dict:
+        """The status entries of the window (merged into the launcher's status)."""
+        return {"window_steps": self.config.window_steps, "window_complete": self.closed,
+                "run_to_end": self.config.run_to_end, "capture_range": self.config.capture_range,
+                "capture_started_step": self.capture_started_step, "window_start_unix_s": self.window_start_unix_s,
+                "losses": self.loss_values()}
+
+
+def _profiler(action: str) -> bool:
+    """``cudaProfilerStart`` / ``cudaProfilerStop`` (after a synchronize, for stop) where CUDA is
+    in use; False where it is not (a CPU run: there is nothing to capture)."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return False
+    if action == "stop":
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+    else:
+        torch.cuda.profiler.start()
+    return True

@@ -1,0 +1,204 @@
+"""The changes a trial applies inside the user's process, without editing the script.
+
+Each change is installed by the launcher before the script runs (``CaptureConfig.trial``) and
+records what it did in :data:`APPLIED`, which the launcher writes to the trial's status:
+``{"change": ..., "applied": [what was changed], "form": how it was measured, "not_applicable":
+reason or None}``. A change that found nothing to act on (no optimizer, no 4-D input) says so and
+the trial is reported "not applicable", never as a saving of zero.
+
+Root modules are the modules whose ``forward`` is called while no other module's forward runs
+(the model, a loss module): a global forward pre-hook finds them on their first call, during the
+first step, and is removed at the end of that step, so later steps pay nothing for it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import weakref
+
+CHANGES = ("compile", "compile-graphs", "fused-optimizer", "channels-last", "tf32", "bf16-autocast",
+           "cudnn-benchmark", "kernels")
+
+APPLIED: dict = {}
+
+_local = threading.local()  # forward depth per thread: only depth-0 calls are roots
+
+
+def summary() -> dict:
+    """What the installed change did (the trial's status entry)."""
+    out = dict(APPLIED)
+    if not out.get("applied") and not out.get("not_applicable"):
+        out["not_applicable"] = _NOTHING_FOUND.get(out.get("change"), "nothing to change was found")
+    return out
+
+
+_NOTHING_FOUND = {
+    "compile": "no root module was called", "compile-graphs": "no root module was called",
+    "fused-optimizer": "no torch.optim optimizer with a fused or foreach implementation was built",
+    "channels-last": "no root module with 4-D weights (convolutions) was called",
+    "kernels": "no model gpudiag has kernels for (Hugging Face Llama/Mistral/Qwen2/GPT-2/BERT, timm Swin)",
+    "bf16-autocast": "no root module was called",
+}
+
+
+def install(change: str, state) -> None:
+    """Install ``change`` (one of :data:`CHANGES`) in this process. ``state``: the launcher's
+    instrumentation state (step callbacks, autocast). Raises ValueError for an unknown change."""
+    if change not in CHANGES:
+        raise ValueError(f"unknown change {change!r}: use one of {', '.join(CHANGES)}")
+    import torch
+
+    APPLIED.clear()
+    APPLIED.update({"change": change, "applied": [], "form": None, "not_applicable": None})
+    if change == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        _applied("torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True")
+    elif change == "cudnn-benchmark":
+        torch.backends.cudnn.benchmark = True
+        _applied("torch.backends.cudnn.benchmark = True")
+    elif change == "fused-optimizer":
+        _patch_optimizers(torch)
+    else:
+        _on_roots(state, _ROOT_CHANGES[change])
+        if change == "compile-graphs":
+            # PyTorch's fix for "accessing tensor output of CUDAGraphs that has been overwritten by a
+            # subsequent run" in training loops: mark where each step begins.
+            state.step_open_callbacks.append(lambda _step: torch.compiler.cudagraph_mark_step_begin())
+            APPLIED["form"] = ("torch.compile(mode='reduce-overhead') of the root modules, "
+                               "torch.compiler.cudagraph_mark_step_begin() at each step; the optimizer stays "
+                               "outside the graphs (one torch.cuda.graph of the whole step needs the script edited)")
+
+
+def _applied(what: str) -> None:
+    if what not in APPLIED["applied"]:
+        APPLIED["applied"].append(what)
+
+
+# ---- fused optimizers ----------------------------------------------------------------------------
+
+def _all_cuda_float(params) -> bool:
+    tensors = [p for group in params for p in (group["params"] if isinstance(group, dict) else [group])]
+    return bool(tensors) and all(getattr(t, "is_cuda", False) and t.is_floating_point() for t in tensors)
+
+
+def _patch_optimizers(torch) -> None:
+    """Every ``torch.optim`` class with a ``fused`` or ``foreach`` argument builds with
+    ``fused=True`` where all its parameters are CUDA floating-point tensors and the class has a
+    fused implementation, else ``foreach=True``; an explicit choice of the script is kept."""
+    for name in dir(torch.optim):
+        cls = getattr(torch.optim, name)
+        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or cls is torch.optim.Optimizer:
+            continue
+        parameters = inspect.signature(cls.__init__).parameters
+        if "fused" in parameters or "foreach" in parameters:
+            cls.__init__ = _fused_init(cls, cls.__init__, "fused" in parameters)
+
+
+def _fused_init(cls, original, has_fused: bool):
+    def __init__(self, params, *args, **kwargs):
+        # fused and foreach are keyword-only in torch.optim; a subclass's own __init__ is left alone
+        if type(self) is cls and kwargs.get("fused") is None and kwargs.get("foreach") is None:
+            params = list(params)  # a generator would be spent by the check below
+            if has_fused and _all_cuda_float(params):
+                kwargs["fused"] = True
+                _applied(f"{cls.__name__}(fused=True)")
+            else:
+                kwargs["foreach"] = True
+                _applied(f"{cls.__name__}(foreach=True)")
+        elif type(self) is cls and (kwargs.get("fused") or kwargs.get("foreach")):
+            APPLIED["not_applicable"] = f"the script already builds {cls.__name__} with fused or foreach set"
+        original(self, params, *args, **kwargs)
+
+    __init__.__wrapped__ = original
+    return __init__
+
+
+# ---- changes made to root modules ----------------------------------------------------------------
+
+def _compile(module, mode: str | None = None) -> None:
+    module.compile(mode=mode) if mode else module.compile()
+    _applied(f"{type(module).__name__}.compile({'mode=' + repr(mode) if mode else ''})")
+
+
+def _channels_last(module) -> None:
+    import torch
+
+    if not any(p.dim() == 4 for p in module.parameters()):
+        return
+    module.to(memory_format=torch.channels_last)
+
+    def inputs_channels_last(_module, args):
+        return tuple(a.contiguous(memory_format=torch.channels_last)
+                     if isinstance(a, torch.Tensor) and a.dim() == 4 and a.is_floating_point() else a for a in args)
+
+    module.register_forward_pre_hook(inputs_channels_last)
+    _applied(f"{type(module).__name__}.to(memory_format=torch.channels_last) and its 4-D float inputs")
+
+
+def _bf16_autocast(module) -> None:
+    import torch
+
+    if not any(True for _ in module.parameters()):
+        return
+    module.forward = torch.autocast("cuda", dtype=torch.bfloat16)(module.forward)
+    _applied(f"{type(module).__name__}.forward under torch.autocast('cuda', dtype=torch.bfloat16)")
+
+
+def _kernels(module) -> None:
+    from gpudiag.kernels import hf, timm_swin
+
+    if type(module).__module__.startswith("timm.models.swin"):
+        timm_swin.apply(module)
+        _applied(f"gpudiag.kernels.timm_swin.apply({type(module).__name__})")
+        return
+    try:
+        result = hf.apply(module)
+    except (ValueError, TypeError):  # not a model family hf.apply knows
+        return
+    if result.get("kernels"):
+        _applied(f"gpudiag.kernels.hf.apply({type(module).__name__}): {result['kernels']}")
+
+
+_ROOT_CHANGES = {
+    "compile": _compile,
+    "compile-graphs": lambda m: _compile(m, "reduce-overhead"),
+    "channels-last": _channels_last,
+    "bf16-autocast": _bf16_autocast,
+    "kernels": _kernels,
+}
+
+
+def _on_roots(state, apply) -> None:
+    """Call ``apply(module)`` once on each root module seen in the first step (see the module
+    docstring); the hooks go at the end of that step. Compiler artefacts (FX GraphModules) and
+    modules inside compiled code are skipped."""
+    import torch
+    from torch.nn.modules import module as nn_module
+
+    seen: weakref.WeakSet = weakref.WeakSet()
+
+    def pre(module, _args):
+        if torch.compiler.is_compiling():  # first: Dynamo must trace nothing of gpudiag's state
+            return
+        depth = getattr(_local, "depth", 0)
+        _local.depth = depth + 1
+        if depth == 0 and module not in seen and not isinstance(module, torch.fx.GraphModule):
+            seen.add(module)
+            apply(module)
+
+    def post(_module, _args, _output):
+        if not torch.compiler.is_compiling():
+            _local.depth = max(getattr(_local, "depth", 1) - 1, 0)
+
+    handles = [nn_module.register_module_forward_pre_hook(pre),
+               nn_module.register_module_forward_hook(post, always_call=True)]
+
+    def remove_after_first_step(step: int) -> None:
+        if step >= 1 and handles:
+            for handle in handles:
+                handle.remove()
+            handles.clear()
+
+    state.step_open_callbacks.append(remove_after_first_step)

@@ -1,0 +1,141 @@
+"""A trial's result, from the launcher statuses of the baseline bare run and of the trial run.
+
+Step time of a run: the median of its measured steps (after its own warm-up) timed by CUDA events
+at the step boundaries (``step_gpu_ns``), else host wall-clock time (``step_wall_ns``), as the
+bare run's representativeness check times them (METHOD.md: CUDA events after warm-up, median).
+
+Result check: the value ``backward()`` was called on (the loss) at the first step after step 0
+that both runs recorded. By then every change has acted on a forward pass (a compiled root module
+runs compiled from its second call) and the runs differ by at most one optimizer update. A
+relative difference over the tolerance of the trial's math path marks it "changes results".
+"""
+
+from __future__ import annotations
+
+import statistics
+
+# Relative tolerance on a whole model's loss, by math path: gpudiag's choices, a whole forward pass
+# looser than torch.testing's per-op defaults (fp32 1.3e-6, bf16 1.6e-2, fp16 1e-3) since errors
+# add up over layers; TF32 keeps fp16's 10-bit mantissa.
+TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "fp16": 1e-2, "bf16": 5e-2}
+
+
+def step_times(status: dict) -> tuple[list[float], str]:
+    """(measured step times in ns, method) of one launcher status: steps at or after its
+    ``warmup_steps``, within its window when it had one."""
+    warmup = int(status.get("warmup_steps") or 0)
+    last = None if status.get("window_steps") is None else warmup + int(status["window_steps"]) - 1
+    for key, method in (("step_gpu_ns", "CUDA events"), ("step_wall_ns", "host wall-clock time")):
+        times = [float(v) for k, v in (status.get(key) or {}).items()
+                 if int(k) >= warmup and (last is None or int(k) <= last) and v and v > 0]
+        if times:
+            return times, method
+    return [], ""
+
+
+def math_path(status: dict, change: str) -> str:
+    """The loosest math path the trial ran: its autocast, the change's own (tf32, bf16)."""
+    paths = {"bfloat16": "bf16", "float16": "fp16"}
+    path = paths.get(status.get("autocast_dtype") or "off", "fp32")
+    if change == "bf16-autocast":
+        path = "bf16"
+    elif change == "tf32" and path == "fp32":
+        path = "tf32"
+    return path
+
+
+def loss_difference(baseline: dict, trial: dict) -> dict | None:
+    """{"step", "baseline", "trial", "relative"} at the first step ≥ 1 both runs recorded a loss
+    for (step 0 when that is all they share); None when they share none."""
+    a, b = baseline.get("losses") or {}, trial.get("losses") or {}
+    common = sorted((int(k) for k in set(a) & set(b)), key=lambda k: (k < 1, k))
+    if not common:
+        return None
+    step = common[0]
+    x, y = float(a[str(step)]), float(b[str(step)])
+    rel = abs(y - x) / max(abs(x), 1e-12) if x == x and y == y else float("inf")  # NaN: differs
+    return {"step": step, "baseline": x, "trial": y, "relative": rel}
+
+
+def deterministic(bare: dict, profiled: dict) -> bool | None:
+    """Whether two plain runs of the script (the bare run and the profiled run) computed the same
+    loss within fp32's tolerance; None when they share no step. An unseeded script does not: its
+    trials cannot be checked for changed results."""
+    diff = loss_difference(bare, profiled)
+    return None if diff is None else diff["relative"] <= TOLERANCE["fp32"]
+
+
+def _fail(entry: dict, status: str, error: str) -> dict:
+    return entry | {"status": status, "error": error}
+
+
+def trial_result(entry: dict, baseline: dict, trial: dict, code: int | None, elapsed_s: float,
+                 timed_out: bool = False, comparable: bool | None = True) -> dict:
+    """The report's record of one trial. ``entry``: change, predicted_saving_ns, rule_id (from
+    :func:`gpudiag.trials.plan.choose`); ``baseline`` / ``trial``: launcher statuses; ``code``:
+    the trial's exit code; ``comparable``: :func:`deterministic` of the script.
+
+    Fields: change, status ("measured", "changes results", "not applicable", "failed", "over
+    budget"), baseline_step_ns, trial_step_ns (medians, ns), saving_ns, saving_percent (of the
+    baseline bare step), predicted_saving_ns, steps, warmup_s, result_difference, error, form,
+    applied, method, elapsed_s."""
+    applied = trial.get("trial") or {}
+    out = {"change": entry["change"], "rule_id": entry.get("rule_id"),
+           "predicted_saving_ns": entry.get("predicted_saving_ns"), "baseline_step_ns": None,
+           "trial_step_ns": None, "saving_ns": None, "saving_percent": None, "steps": 0, "warmup_s": None,
+           "result_difference": None, "error": None, "form": applied.get("form"),
+           "applied": applied.get("applied") or [], "method": None, "elapsed_s": round(elapsed_s, 1)}
+    base_times, method = step_times(baseline)
+    times, trial_method = step_times(trial)
+    if timed_out:
+        return _fail(out, "over budget", f"stopped after {elapsed_s:.0f} s, past the --try-budget")
+    if trial.get("exception") or (code not in (0, None) and not times):
+        return _fail(out, "failed", (trial.get("exception") or f"exit code {code}").splitlines()[0][:300])
+    if applied.get("not_applicable") and not applied.get("applied"):
+        return _fail(out, "not applicable", applied["not_applicable"])
+    if not base_times or not times or method != trial_method:
+        return _fail(out, "failed", "no measured steps to compare (the script ended before the window's steps)")
+    base, value = statistics.median(base_times), statistics.median(times)
+    out.update(baseline_step_ns=base, trial_step_ns=value, saving_ns=base - value,
+               saving_percent=100.0 * (base - value) / base, steps=len(times), method=method)
+    if trial.get("window_start_unix_s") and trial.get("started_unix_s"):
+        out["warmup_s"] = round(trial["window_start_unix_s"] - trial["started_unix_s"], 1)
+    diff = loss_difference(baseline, trial)
+    status = "measured"
+    if diff is not None:
+        tolerance = TOLERANCE[math_path(trial, entry["change"])]
+        diff["tolerance"] = tolerance
+        out["result_difference"] = diff
+        if comparable is False:
+            diff["note"] = "the script's loss differs between two plain runs (unseeded?): not checked"
+        elif diff["relative"] > tolerance:
+            status = "changes results"
+    return out | {"status": status}
+
+
+def attach(report: dict, trials: list[dict], left_out: list[dict]) -> dict:
+    """Adds ``trials`` (and ``trials_left_out``) to ``report`` and, on each recommendation a trial
+    measured, ``measured_saving_ns`` / ``measured_saving_percent`` / ``trial_change`` / ``trial_status``
+    (the best measured change of that rule). Recommendations are then ranked by measured saving
+    where one exists, else by predicted saving. Returns ``report``."""
+    report["trials"] = trials
+    report["trials_left_out"] = left_out
+    by_rule: dict[str, dict] = {}
+    from gpudiag.trials.plan import RULE_CHANGES
+
+    for trial in trials:
+        if trial.get("saving_ns") is None:
+            continue
+        for rule, changes in RULE_CHANGES.items():
+            best = by_rule.get(rule)
+            if trial["change"] in changes and (best is None or trial["saving_ns"] > best["saving_ns"]):
+                by_rule[rule] = trial
+    for rec in report.get("recommendations") or []:
+        trial = by_rule.get(rec.get("rule_id"))
+        if trial is not None:
+            rec.update(measured_saving_ns=trial["saving_ns"], measured_saving_percent=trial["saving_percent"],
+                       trial_change=trial["change"], trial_status=trial["status"])
+    recs = report.get("recommendations") or []
+    recs.sort(key=lambda r: -(r["measured_saving_ns"] if r.get("measured_saving_ns") is not None
+                              else float(r.get("saving_ns_per_step") or 0.0)))
+    return report
