@@ -175,6 +175,12 @@ def test_summary_reports_optimizer_mode_and_completed_steps(optimizer_capture):
     summary = dict(summary)
     # host wall time of steps 1-3 (step k from boundary k-1 to k); no CUDA here, so no GPU times
     assert set(summary.pop("step_wall_ns")) == {"1", "2", "3"} and summary.pop("step_gpu_ns") == {}
+    # one loss per step, each the value backward() was called on (no window: nothing stopped)
+    assert set(summary.pop("losses")) == {"0", "1", "2", "3"}
+    window = {k: summary.pop(k) for k in ("window_steps", "window_complete", "run_to_end", "capture_range",
+                                          "capture_started_step", "window_start_unix_s", "steps_regex")}
+    assert window["window_steps"] is None and window["window_complete"] is False and window["capture_range"] is False
+    assert window["steps_regex"] is None and window["window_start_unix_s"] is not None  # step 1 opened
     assert summary == {"step_mode": "optimizer", "steps_completed": 4, "detail_step": 1, "warmup_steps": 1,
                        "peak_memory_bytes_per_step": {},  # no CUDA on this machine: nothing to record
                        "compile": None,  # torch.compile never used

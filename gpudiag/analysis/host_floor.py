@@ -70,3 +70,32 @@ def bound_by_host(recommendations: list[dict], step_ns: float, host_ns: float | 
             r["host_ns_per_step"] = host_ns
             r["step_saving_bound_ns"] = min(r["saving_ns_per_step"], room)
     return recommendations
+
+
+def untraced_factor(step_ns: float, bare_inflation_ns: float | None) -> float:
+    """bare step / profiled step (≤ 1): how much of the traced host time remains without the
+    profiler (tracing slows every API call: shared/design.md, BERT 23.8 ms bare vs ~39 ms traced).
+    1.0 without a bare run."""
+    if not step_ns or bare_inflation_ns is None:
+        return 1.0
+    return min(max((step_ns - max(bare_inflation_ns, 0.0)) / step_ns, 0.0), 1.0)
+
+
+def host_ns_per_launch(step_ns: float, launches_per_step: float, bare_inflation_ns: float | None) -> float:
+    """Host time per kernel launch on an overhead-bound step, ns: the bare step (the host sets it)
+    over the step's launches. Each eager op's Python, dispatcher and launch work is counted in its
+    launches, which is what fusing or compiling removes. 0 without launches."""
+    if not launches_per_step:
+        return 0.0
+    return step_ns * untraced_factor(step_ns, bare_inflation_ns) / launches_per_step
+
+
+def phase_host_ns(km: pd.DataFrame, phase: str, bare_factor: float = 1.0) -> float:
+    """Median over steps of the host span of one phase (from its first to its last kernel launch
+    call), ns, times ``bare_factor`` (:func:`untraced_factor`). ``km``: kernels with step, phase
+    and api_start_ns. 0 when the phase has fewer than two launches in every step."""
+    if km.empty or "api_start_ns" not in km:
+        return 0.0
+    rows = km[(km["phase"] == phase) & km["api_start_ns"].notna()]
+    spans = rows.groupby("step")["api_start_ns"].agg(lambda s: float(s.max() - s.min()))
+    return float(spans.median()) * bare_factor if len(spans) else 0.0

@@ -200,6 +200,7 @@ def kernel_sequence_candidates(kernels: pd.DataFrame, peaks: DevicePeaks, n_step
             "example_shapes": [],
             "source": "kernel_sequence", "confidence": "low",
             "bytes_method": str(configs.at[largest, "bytes_method"]) if peaks.bandwidth else "time_at_peak",
+            "families": {str(f): int(c) for f, c in configs["family"].fillna("other").value_counts().items()},
             "grids": [[int(v) if pd.notna(v) else None for v in g]
                       for g in configs[["grid_x", "grid_y", "grid_z"]].itertuples(index=False)],
         })

@@ -104,6 +104,17 @@ def _correct_overhead_rule(report: dict, inflation_ns: float, bare_ns: float) ->
     report["recommendations"] = rank(kept, {rule.__name__: i for i, rule in enumerate(RULES)})
 
 
+def rebase_shares(report: dict, bare_ns: float) -> None:
+    """One step reference for every share: each recommendation's ``saving_percent_of_step`` (shown
+    and suppressed) becomes a share of the bare step, the step the user's script runs without the
+    profiler; ``share_reference`` says so. (Issue 21: the corrected GD-OVERHEAD-BOUND was a share
+    of the bare step while the next row's was of the profiled step.)"""
+    for rec in [*report.get("recommendations", []), *report.get("suppressed", [])]:
+        if rec.get("saving_ns_per_step") is not None and bare_ns:
+            rec["saving_percent_of_step"] = 100.0 * float(rec["saving_ns_per_step"]) / bare_ns
+    report["share_reference"] = {"step": "bare", "step_time_ns": bare_ns}
+
+
 def apply_bare_run(report: dict) -> dict:
     """Adds ``representativeness`` to ``report`` (see :func:`compare_bare`) and corrects its
     overhead-bound numbers: ``idle.host_bound_idle_ns_per_step_corrected``, GD-OVERHEAD-BOUND
@@ -119,6 +130,7 @@ def apply_bare_run(report: dict) -> dict:
     if idle.get("host_bound_idle_ns_per_step") is not None:
         idle["host_bound_idle_ns_per_step_corrected"] = max(0.0, idle["host_bound_idle_ns_per_step"] - inflation)
     _correct_overhead_rule(report, inflation, comparison["bare_step_time_ns"])
+    rebase_shares(report, comparison["bare_step_time_ns"])
     report["fusion_note"] = mark_host_bound(report.get("fusion_candidates", []), report["recommendations"])
     if comparison["inflation_percent"] > FLAG_INFLATION_PERCENT:
         report.setdefault("warnings", []).append(

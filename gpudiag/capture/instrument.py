@@ -35,6 +35,11 @@ from gpudiag.capture import dynamo_stats
 from gpudiag.capture.op_ranges import NullNvtx, _make_op_mode, default_nvtx
 from gpudiag.capture.window import Window
 
+# In auto mode, the user's ranges that are steps: text starting with step/iteration/iter ("step 3",
+# "iteration_3"), stricter than the analysis's default (gpudiag.analysis.attribution), which also
+# takes "train_step": at run time a nested "optimizer_step" must not become the step.
+AUTO_USER_STEP_REGEX = r"(?i)^\s*(?:step|iteration|iter)(?:[^a-z]|$)"
+
 
 @dataclass
 class CaptureConfig:
@@ -91,6 +96,7 @@ class _State:
     step_range: object = None
     step_mode: str = "optimizer"
     step_regex: re.Pattern | None = None
+    auto_nvtx: bool = False  # auto mode: the user's step ranges become the steps if they come first
     op_mode: object = None
     module_names: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary)
     steps_completed: int = 0
@@ -342,6 +348,25 @@ def _optimizer_post_hook(optimizer, args, kwargs):
 
 # ---- user NVTX steps ---------------------------------------------------------------------------
 
+def _user_steps(state: _State) -> bool:
+    """Whether a user range matching the step regex is a step: always in ``nvtx`` mode; in
+    ``auto`` mode, the first one switches to ``nvtx`` mode while no optimizer step has ended a
+    step (an inference or generate loop with its own "step N" ranges), dropping a step 0 a
+    forward opened; once an optimizer step has, steps stay the optimizer's."""
+    if state.step_mode == "nvtx":
+        return True
+    if not state.auto_nvtx or state.steps_completed > 0:
+        return False
+    with state.lock:
+        if state.step_range is not None:
+            state.nvtx.end(state.step_range)
+            state.step_range = None
+        _stop_op_ranges(state)
+        state.step_index = -1
+        state.step_mode = "nvtx"
+    return True
+
+
 def _wrap_user_nvtx(state: _State, torch) -> None:
     """In ``nvtx:REGEX`` mode, count the user's matching ranges to know which one is the detail
     step; wraps ``torch.cuda.nvtx.range_push`` (``torch.cuda.nvtx.range`` goes through it)."""
@@ -351,7 +376,7 @@ def _wrap_user_nvtx(state: _State, torch) -> None:
     depth = [0]
 
     def range_push(msg):
-        is_step = not state.window.closed and bool(state.step_regex.search(str(msg)))
+        is_step = not state.window.closed and bool(state.step_regex.search(str(msg))) and _user_steps(state)
         if is_step:
             state.window.step_opening(state.step_index + 1)  # the capture range opens before the range
         result = original_push(msg)
@@ -421,6 +446,9 @@ def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State
     if state.step_mode == "nvtx":
         state.step_regex = re.compile(config.steps_from[5:])
         _wrap_user_nvtx(state, torch)
+    elif config.steps_from == "auto" and state.step_mode == "optimizer":  # user "step N" ranges may be the steps
+        state.step_regex, state.auto_nvtx = re.compile(AUTO_USER_STEP_REGEX), True
+        _wrap_user_nvtx(state, torch)
     _state = state
     # torch warns that global hooks fire once more for a compiled model's OptimizedModule wrapper:
     # gpudiag expects that (the wrapper is named as the model, the inner calls are traced no-ops),
@@ -473,6 +501,7 @@ def finish() -> dict:
     _state = None
     return {
         "step_mode": state.step_mode,
+        "steps_regex": state.step_regex.pattern if state.step_mode == "nvtx" else None,
         "steps_completed": state.steps_completed,
         "detail_step": state.config.effective_detail_step if state.config.op_ranges else None,
         "warmup_steps": state.config.warmup_steps,

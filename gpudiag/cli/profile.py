@@ -354,6 +354,10 @@ def _trials(job: Job, status: dict) -> None:
     report_path = job.run_dir / "report.json"
     if not report_path.exists():
         return
+    if job.asked_changes is None and not status.get("step_gpu_ns"):
+        click.echo("[try] no trials: no step of the profiled run was timed on a GPU (trials compare CUDA-event "
+                   "step times); --try CHANGE,... runs the ones you name anyway")
+        return
     report = json.loads(report_path.read_text())
     chosen, left = plan.choose(report, status, job.asked_changes)
     for entry in left:

@@ -115,8 +115,11 @@ def _ingest_and_analyse(export: Path, out_dir: Path, options: AnalysisOptions, s
     # A step-window capture starts at the warm-up's last step: only the warm-up steps it holds count.
     first_captured = (status or {}).get("capture_started_step")
     warmup = max(warmup - int(first_captured), 0) if first_captured is not None else warmup
+    steps_from = options.steps_from
+    if steps_from is None and (status or {}).get("step_mode") == "nvtx" and status.get("steps_regex"):
+        steps_from = "nvtx:" + status["steps_regex"]  # the user's ranges the launcher took as steps
     try:
-        return analyse(db, warmup_steps=warmup, steps_from=options.steps_from, status=status, calibration=calibration,
+        return analyse(db, warmup_steps=warmup, steps_from=steps_from, status=status, calibration=calibration,
                        top=top)
     except AnalysisError as exc:
         raise UserError(f"{export}: {exc}", exit_code=3) from None

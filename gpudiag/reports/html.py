@@ -16,7 +16,7 @@ import plotly.io as pio
 import plotly.offline
 
 from gpudiag.reports import units
-from gpudiag.reports.labels import shorten, with_distinct_labels
+from gpudiag.reports.labels import chain_summary, shorten, with_distinct_labels
 
 CLASS_COLORS = {"compute": "#4c78a8", "bandwidth": "#f58518", "overhead": "#e45756", "idle": "#bab0ac"}
 
@@ -90,7 +90,7 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters.update(ns=units.fmt_ns, pct=units.fmt_pct, num=units.fmt_num, bytes=units.fmt_bytes, code=code_spans,
-                       evidence=evidence_text)
+                       evidence=evidence_text, chain=chain_summary)
     return env
 
 

@@ -43,9 +43,15 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
                         fmt_ns(k["time_ns_per_step"]),
                         fmt_pct(k["share_of_kernel_time_percent"]), k["kernel_class"], k["evidence"])
     console.print(kernels)
+    render_recommendations(result, console)
+    render_fusion(result, console)
+
+
+def render_recommendations(result: dict, console: Console, title: str = "recommendations (by expected saving per step)") -> None:
+    """The top 5 recommendations: rule, what, predicted and measured (trial) saving per step."""
     recs = result.get("recommendations") or []
     if recs:
-        table = Table(title="recommendations (by expected saving per step)", show_header=True, header_style="bold")
+        table = Table(title=title, show_header=True, header_style="bold")
         table.add_column("rule")
         table.add_column("what", overflow="fold", max_width=60)
         table.add_column("predicted/step", justify="right")
@@ -57,7 +63,6 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
         pairs = overlap_pairs(recs[:5])
         if pairs:
             console.print(Text("not to be added up (they count the same time): " + "; ".join(pairs)), highlight=False)
-    render_fusion(result, console)
 
 
 def trial_saving_text(rec: dict, trials_ran: bool) -> str:
@@ -84,6 +89,7 @@ def render_trials(result: dict, console: Console | None = None) -> None:
         table.add_row(Text(t["change"]), Text(status), fmt_ns(t.get("baseline_step_ns")),
                       fmt_ns(t.get("trial_step_ns")), saving, fmt_ns(t.get("predicted_saving_ns")))
     console.print(table)
+    render_recommendations(result, console, "recommendations (by measured saving where a trial ran, else predicted)")
 
 
 def render_communication(result: dict, console: Console) -> None:
@@ -185,13 +191,19 @@ def render_compiled(result: dict, console: Console) -> None:
 
 
 def chain_text(candidate: dict) -> str:
-    """A fusion candidate's op chain as the HTML report shows it: ``mul → pow → add``."""
-    return " → ".join(op.replace("aten::", "") for op in candidate["ops"])
+    """A fusion candidate's chain as the HTML report shows it: ``mul → pow → add``, or the summary
+    of a long kernel sequence (:func:`gpudiag.reports.labels.chain_summary`)."""
+    from gpudiag.reports.labels import chain_summary
+
+    return chain_summary(candidate)
 
 
 def saving_text(rec: dict) -> str:
     """A recommendation's GPU-time saving, and the step's bound when the host's launch time caps it
-    (gpudiag.analysis.host_floor): '11.4 ms (step ≤ 2.70 ms)'."""
+    (gpudiag.analysis.host_floor): '11.4 ms (step ≤ 2.70 ms)'; a throughput gain as such:
+    '2.0x samples/s at 2x batch'."""
+    if rec.get("throughput_gain"):
+        return ", ".join(f"{g:.1f}x samples/s at {k}x batch" for k, g in rec["throughput_gain"].items())
     text = fmt_ns(rec["saving_ns_per_step"])
     bound = rec.get("step_saving_bound_ns")
     if bound is not None and bound < 0.9 * rec["saving_ns_per_step"]:

@@ -118,8 +118,15 @@ def _fused_init(cls, original, has_fused: bool):
 # ---- changes made to root modules ----------------------------------------------------------------
 
 def _compile(module, mode: str | None = None) -> None:
-    module.compile(mode=mode) if mode else module.compile()
-    _applied(f"{type(module).__name__}.compile({'mode=' + repr(mode) if mode else ''})")
+    """The module's forward compiled in place (an instance attribute: every caller, HF generate()
+    included, gets it). Not ``nn.Module.compile()``: on torch 2.13 (CPU) a module compiled that way
+    ran its first calls uncompiled, with no Dynamo frame recorded; the bound forward compiles on
+    2.11 (the H100/H200 image) and 2.13 alike."""
+    import torch
+
+    module.forward = torch.compile(module.forward, **({"mode": mode} if mode else {}))
+    name = type(module).__name__
+    _applied(f"{name}.forward = torch.compile({name}.forward{', mode=' + repr(mode) if mode else ''})")
 
 
 def _channels_last(module) -> None:

@@ -77,6 +77,6 @@ def run_trials(script: Path | str, script_args: list[str], run_dir: Path, config
                                     f"trial_{entry['change']}.json", timeout_s=left)
             elapsed = time.monotonic() - began
             out.append(results.trial_result(entry, baseline, status, code, elapsed, timed_out=elapsed >= left,
-                                            comparable=comparable))
+                                            comparable=comparable, autocast_dtype=profiled_status.get("autocast_dtype")))
         echo(progress_line(i, len(chosen), out[-1]))
     return out
