@@ -81,7 +81,10 @@ class Window:
             return
         tensor = tensors[0] if isinstance(tensors, (tuple, list)) and tensors else tensors
         if getattr(tensor, "numel", None) is not None and tensor.numel() == 1:
-            self.losses[step] = tensor.detach()
+            # A copy: a CUDA graph's output is overwritten by the next replay (reduce-overhead
+            # compile: every kept loss read back as the last step's on the H100). One scalar copy
+            # kernel per step, the same in the baseline and every trial.
+            self.losses[step] = tensor.detach().clone()
 
     def loss_values(self) -> dict[str, float]:
         """The kept losses as floats (one device-to-host copy each, after the script ended)."""
