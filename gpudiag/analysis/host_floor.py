@@ -99,3 +99,20 @@ def phase_host_ns(km: pd.DataFrame, phase: str, bare_factor: float = 1.0) -> flo
     rows = km[(km["phase"] == phase) & km["api_start_ns"].notna()]
     spans = rows.groupby("step")["api_start_ns"].agg(lambda s: float(s.max() - s.min()))
     return float(spans.median()) * bare_factor if len(spans) else 0.0
+
+
+def phase_ranges_ns(nvtx: pd.DataFrame, steps_table: pd.DataFrame, measured_ids: set) -> dict[str, float]:
+    """Host time per measured step of each of gpudiag's phase ranges (``gpudiag:phase NAME``: the
+    backward() call, optimizer.step()), ns: per step the sum of its ranges' durations, then the
+    median over the steps that have one. {} without such ranges (exports made without gpudiag)."""
+    from gpudiag import nvtx_names
+    from gpudiag.analysis.launches import in_measured_steps
+
+    if nvtx.empty or "text" not in nvtx or steps_table.empty:
+        return {}
+    ranges = nvtx[nvtx["text"].astype(str).str.startswith(nvtx_names.PHASE) & nvtx["end_ns"].notna()]
+    if ranges.empty:
+        return {}
+    ranges = in_measured_steps(ranges, ranges["start_ns"].to_numpy(dtype=float), steps_table, measured_ids)
+    per = ranges.assign(phase=ranges["text"].str[len(nvtx_names.PHASE):], ns=ranges["end_ns"] - ranges["start_ns"])
+    return {str(p): float(g.groupby("step")["ns"].sum().median()) for p, g in per.groupby("phase")}

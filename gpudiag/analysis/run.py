@@ -288,7 +288,7 @@ def _kernel_frame(kernels: pd.DataFrame, attribution: pd.DataFrame, classes: pd.
                   launches: pd.DataFrame) -> pd.DataFrame:
     """``kernels`` with their attribution, classification and launch statistics (queue delay, ns)."""
     k = kernels.assign(**{c: attribution[c].to_numpy() for c in ("step", "phase", "module", "module_class", "op", "op_args",
-                                                                  "op_call", "graph")},
+                                                                  "op_call", "graph", "api_start_ns")},
                        **{c: classes[c].to_numpy() for c in ("family", "kernel_class", "evidence", "intensity", "ridge", "efficiency",
                                                              "config_key", "flop", "bytes", "math_path", "achieved_flop_per_s",
                                                              "achieved_bytes_per_s")})
@@ -325,7 +325,8 @@ def _findings(k: pd.DataFrame, km: pd.DataFrame, detail_step: int | None, idle: 
         all_candidates, fusion_source = kernel_sequence_candidates(km, device_peaks, n, top=None), "kernel_sequence"
     recommendations, suppressed = _recommendations(
         km, detail, idle, t.runtime_api, api_m, t.memcpy, steps, measured_ids, n, step_ns, device_peaks, ncu,
-        _rule_context(rule_inputs.status, rule_inputs.dev, rule_inputs.compiled, all_candidates, measured_ids)) if n else ([], [])
+        _rule_context(rule_inputs.status, rule_inputs.dev, rule_inputs.compiled, all_candidates, measured_ids)
+        | {"phase_host_ns": host_floor.phase_ranges_ns(t.nvtx, steps.table, measured_ids)}) if n else ([], [])
     host_ns = host_floor.host_ns_per_step(api_m) if n else None  # the step cannot get shorter than this
     host_floor.bound_by_host(recommendations, float(measured["step_time_ns"].median()) if n else 0.0, host_ns)
     candidates = all_candidates[:10]
