@@ -7,11 +7,13 @@ inference step when step boundaries cannot be detected from ``optimizer.step()``
 __version__ = "0.1.0"
 
 
-def step() -> None:
+def step(samples: int | None = None) -> None:
     """Mark the end of one step (training or inference iteration) for ``gpudiag profile``.
+    ``samples``: how many samples the step processed (else gpudiag takes the first input's batch
+    dimension), used to compare an ``args:`` trial per sample.
 
     Outside ``gpudiag profile`` this does nothing, so scripts may call it unconditionally.
     """
     from gpudiag.capture import instrument
 
-    instrument.user_step()
+    instrument.user_step(samples)

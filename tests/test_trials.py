@@ -207,3 +207,24 @@ def test_profile_runs_the_asked_trial_and_reports_it(tmp_path, fake_nsys):
     assert trial["steps"] == 5  # the trial's window is the capture's, at most 10 steps
     html = (run_dir / "report.html").read_text()
     assert "Trials: the changes applied and measured" in html and "measured (trial)" in html
+
+
+def test_args_trial_is_compared_per_sample(tmp_path):
+    """``--try 'args:--batch 10'``: the script run with the user's other arguments; the batch
+    (dimension 0 of the first module input) doubles, so the comparison is per sample."""
+    body = LONG_TRAINING.replace("x = torch.randn(5, 4)", "x = torch.randn(int(sys.argv[2]) if len(sys.argv) > 2 else 5, 4)")
+    script = tmp_path / "train.py"
+    script.write_text(body)
+    config = runner.trial_config(CaptureConfig(warmup_steps=2, window_steps=20), None)
+    from gpudiag.capture.run import run_bare
+
+    _, base = run_bare(script, [], tmp_path, config, "base.json")
+    _, wide = run_bare(script, ["--batch", "10"], tmp_path, config, "wide.json")
+    assert base["samples_per_step"] == 5 and wide["samples_per_step"] == 10
+    record = results.trial_result({"change": "args:--batch 10"}, base, wide, 0, 1.0)
+    step_b, _ = results.step_times(base)
+    step_w, _ = results.step_times(wide)
+    assert record["per"] == "sample" and record["result_difference"] is None
+    assert record["baseline_step_ns"] == pytest.approx(statistics.median(step_b) / 5)
+    assert record["trial_step_ns"] == pytest.approx(statistics.median(step_w) / 10)
+    assert plan.parse_try("compile,args:--batch 64,--lr 1e-3") == ["compile", "args:--batch 64,--lr 1e-3"]

@@ -211,8 +211,11 @@ def _ensure_step_open() -> None:
                 _open_step(state)
 
 
-def user_step() -> None:
-    """Backend of :func:`gpudiag.step`: a step boundary when steps come from calls."""
+def user_step(samples: int | None = None) -> None:
+    """Backend of :func:`gpudiag.step`: a step boundary when steps come from calls; ``samples``
+    is kept as the run's samples per step."""
+    if _state is not None and samples:
+        _state.window.samples_per_step = int(samples)
     if _state is not None and _state.step_mode == "call":
         _ensure_step_open()
         step_boundary()
@@ -460,6 +463,7 @@ def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State
     _wrap_backward(torch)  # in the bare run too: it records the loss (see Window.record_loss)
     optim_module.register_optimizer_step_pre_hook(_optimizer_pre_hook)
     optim_module.register_optimizer_step_post_hook(_optimizer_post_hook)
+    state.window.watch_batch(nn_module, torch)
     return state
 
 

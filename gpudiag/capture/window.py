@@ -41,6 +41,8 @@ class Window:
         self.capture_stopped = False
         self.window_start_unix_s: float | None = None  # when the first measured step opened
         self.losses: dict[int, object] = {}  # step -> the detached scalar backward() was called on
+        self.samples_per_step: int | None = None  # gpudiag.step(samples=N), else the first input's batch
+        self._batch_hook = None
 
     # -- capture range --------------------------------------------------------------------------
     def step_opening(self, step: int) -> None:
@@ -96,11 +98,34 @@ class Window:
                 continue
         return values
 
+    # -- samples per step --------------------------------------------------------------------------
+    def watch_batch(self, nn_module, torch) -> None:
+        """Take the samples per step from dimension 0 of the first tensor passed positionally to a
+        module (a model called with keyword arguments passes its input to a submodule, e.g. the
+        embedding, positionally): a global forward pre-hook that removes itself once it found one
+        (or after 1000 calls). A sequence-first input (``nn.LSTM`` without ``batch_first``) is
+        misread; ``gpudiag.step(samples=N)`` overrides it."""
+        calls = [0]
+
+        def hook(_module, args):
+            if torch.compiler.is_compiling():  # first: Dynamo must trace nothing of gpudiag's state
+                return
+            calls[0] += 1
+            first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 1), None)
+            if first is not None and self.samples_per_step is None:
+                self.samples_per_step = int(first.shape[0])
+            if (first is not None or calls[0] >= 1000) and self._batch_hook is not None:
+                self._batch_hook.remove()
+                self._batch_hook = None
+
+        self._batch_hook = nn_module.register_module_forward_pre_hook(hook)
+
     def summary(self) -> dict:
         """The status entries of the window (merged into the launcher's status)."""
         return {"window_steps": self.config.window_steps, "window_complete": self.closed,
                 "run_to_end": self.config.run_to_end, "capture_range": self.config.capture_range,
                 "capture_started_step": self.capture_started_step, "window_start_unix_s": self.window_start_unix_s,
+                "samples_per_step": self.samples_per_step,
                 "losses": self.loss_values()}
 
 

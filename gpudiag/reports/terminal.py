@@ -84,7 +84,8 @@ def render_trials(result: dict, console: Console | None = None) -> None:
     for col in ("change", "status", "baseline", "with it", "saving", "predicted"):
         table.add_column(col, justify="left" if col in ("change", "status") else "right")
     for t in trials:
-        status = t["status"] + (f": {t['error']}" if t.get("error") else "")
+        status = t["status"] + (" (time per sample)" if t.get("per") == "sample" else "") + (
+            f": {t['error']}" if t.get("error") else "")
         saving = "–" if t.get("saving_ns") is None else f"{fmt_ns(t['saving_ns'])} ({fmt_pct(t['saving_percent'])})"
         table.add_row(Text(t["change"]), Text(status), fmt_ns(t.get("baseline_step_ns")),
                       fmt_ns(t.get("trial_step_ns")), saving, fmt_ns(t.get("predicted_saving_ns")))

@@ -27,7 +27,9 @@ DEFAULT_COUNT = 3
 
 def parse_try(value: str) -> list[str] | None:
     """``--try`` as given: "auto" -> None (choose from the report), "none" -> [], else the
-    comma-separated changes. Raises ValueError naming an unknown change."""
+    comma-separated changes, ending optionally with ``args:ARGS`` (the script run with ARGS
+    instead of its own, e.g. ``args:--batch 64``, compared per sample). Raises ValueError naming an
+    unknown change."""
     from gpudiag.trials.changes import CHANGES
 
     value = value.strip()
@@ -35,8 +37,10 @@ def parse_try(value: str) -> list[str] | None:
         return None
     if value == "none":
         return []
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in CHANGES]
+    # args:"..." holds the script's own arguments, commas included: it is the last entry
+    head, _, args = value.partition("args:")
+    names = [v.strip() for v in head.split(",") if v.strip()] + (["args:" + args.strip()] if args.strip() else [])
+    unknown = [n for n in names if n not in CHANGES and not n.startswith("args:")]
     if unknown:
         raise ValueError(f"--try {value!r}: unknown change {unknown[0]!r}; use auto, none or a comma-separated list "
                          f"of {', '.join(CHANGES)}")

@@ -45,6 +45,13 @@ def math_path(autocast_dtype: str | None, change: str) -> str:
     return path
 
 
+def _per_sample(baseline: dict, trial: dict, base_ns: float, trial_ns: float) -> tuple[float, float] | None:
+    """(baseline, trial) time per sample in ns, from each run's ``samples_per_step``; None when
+    either run has none."""
+    a, b = baseline.get("samples_per_step"), trial.get("samples_per_step")
+    return (base_ns / a, trial_ns / b) if a and b else None
+
+
 def loss_difference(baseline: dict, trial: dict) -> dict | None:
     """{"step", "baseline", "trial", "relative"} at the first step ≥ 1 both runs recorded a loss
     for (step 0 when that is all they share); None when they share none."""
@@ -80,7 +87,8 @@ def trial_result(entry: dict, baseline: dict, trial: dict, code: int | None, ela
     Fields: change, status ("measured", "changes results", "not applicable", "failed", "over
     budget"), baseline_step_ns, trial_step_ns (medians, ns), saving_ns, saving_percent (of the
     baseline bare step), predicted_saving_ns, steps, warmup_s, result_difference, error, form,
-    applied, method, elapsed_s."""
+    applied, method, elapsed_s; for an ``args:`` trial ``per`` = "sample": the step fields are
+    then ns per sample (step time / samples per step of each run)."""
     applied = trial.get("trial") or {}
     out = {"change": entry["change"], "rule_id": entry.get("rule_id"),
            "predicted_saving_ns": entry.get("predicted_saving_ns"), "baseline_step_ns": None,
@@ -98,11 +106,18 @@ def trial_result(entry: dict, baseline: dict, trial: dict, code: int | None, ela
     if not base_times or not times or method != trial_method:
         return _fail(out, "failed", "no measured steps to compare (the script ended before the window's steps)")
     base, value = statistics.median(base_times), statistics.median(times)
+    if entry["change"].startswith("args:"):  # other arguments: compared per sample, not per step
+        per_sample = _per_sample(baseline, trial, base, value)
+        if per_sample is None:
+            return _fail(out, "failed", "samples per step unknown (call gpudiag.step(samples=N) in the script)")
+        base, value = per_sample
+        out["per"] = "sample"
     out.update(baseline_step_ns=base, trial_step_ns=value, saving_ns=base - value,
                saving_percent=100.0 * (base - value) / base, steps=len(times), method=method)
     if trial.get("window_start_unix_s") and trial.get("started_unix_s"):
         out["warmup_s"] = round(trial["window_start_unix_s"] - trial["started_unix_s"], 1)
-    diff = loss_difference(baseline, trial)
+    # other arguments (a larger batch) compute another loss: nothing to compare
+    diff = None if entry["change"].startswith("args:") else loss_difference(baseline, trial)
     status = "measured"
     if diff is not None:
         tolerance = TOLERANCE[math_path(autocast_dtype, entry["change"])]

@@ -11,6 +11,7 @@ two differ by more than :data:`BASELINE_DRIFT`, else with their mean.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import statistics
 import time
 from pathlib import Path
@@ -69,6 +70,7 @@ def run_trials(script: Path | str, script_args: list[str], run_dir: Path, config
         echo(f"[try] no trials: the baseline run measured no steps (exit code {code}; see {run_dir / 'gpudiag.log'})")
         return [results.trial_result(c, baseline, {}, None, 0.0) | {"status": "skipped",
                 "error": "the baseline run measured no steps"} for c in chosen]
+    comparable = results.deterministic(baseline, profiled_status)
     runs = []
     for i, entry in enumerate(chosen, 1):
         left = budget_s - (time.monotonic() - start)
@@ -77,16 +79,19 @@ def run_trials(script: Path | str, script_args: list[str], run_dir: Path, config
             echo(f"[try {i}/{len(chosen)}] {entry['change']}: over budget (--try-budget {budget_s:.0f} s)")
             continue
         began = time.monotonic()
-        code, status = run_bare(script, script_args, run_dir, trial_config(config, entry["change"]),
-                                f"trial_{entry['change']}.json", timeout_s=left)
+        change = entry["change"]
+        is_args = change.startswith("args:")
+        code, status = run_bare(script, shlex.split(change[5:]) if is_args else script_args, run_dir,
+                                trial_config(config, None if is_args else change),
+                                f"trial_{'args' if is_args else change}.json", timeout_s=left)
         elapsed = time.monotonic() - began
         runs.append((entry, status, code, elapsed, elapsed >= left))
-        echo(progress_line(i, len(chosen), results.trial_result(entry, baseline, status, code, elapsed,
-                                                               timed_out=elapsed >= left)))
+        echo(progress_line(i, len(chosen), results.trial_result(
+            entry, baseline, status, code, elapsed, timed_out=elapsed >= left, comparable=comparable,
+            autocast_dtype=profiled_status.get("autocast_dtype"))))
     later = _second_baseline(script, script_args, run_dir, config, budget_s - (time.monotonic() - start))
     reference, note = reference_baseline(baseline, later)
     echo(f"[try] {note}")
-    comparable = results.deterministic(baseline, profiled_status)
     records = []
     for entry, status, code, elapsed, timed_out in runs:
         if status is None:
@@ -122,5 +127,6 @@ def reference_baseline(first: dict, later: dict | None) -> tuple[dict, str]:
                        "the later one is used (the first run after a capture runs slow)")
     field = "step_gpu_ns" if key == "CUDA events" else "step_wall_ns"
     pooled = {"warmup_steps": 0, "window_steps": None, "losses": first.get("losses") or {},
+              "samples_per_step": first.get("samples_per_step"),
               field: {str(i): v for i, v in enumerate([*times_a, *times_b])}}
     return pooled, f"baselines before and after the trials ({a / 1e6:.2f} / {b / 1e6:.2f} ms), their steps together"
