@@ -20,6 +20,8 @@ import pytest
 from gpudiag.capture import nsys
 from gpudiag.capture.instrument import CaptureConfig
 
+from test_capture import fake_nsys  # noqa: F401 - the fake nsys fixture
+
 pytest.importorskip("torch")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -163,3 +165,20 @@ def test_window_config_arithmetic():
     assert config.last_window_step == 12 and config.capture_start_step == 2
     assert CaptureConfig(warmup_steps=0, window_steps=4).capture_start_step == 0
     assert CaptureConfig().last_window_step is None
+
+
+def test_profile_captures_the_whole_script_when_no_window_opens(tmp_path, fake_nsys):
+    """A script with no steps at all: the bare run finds none, so the capture runs without the
+    capture range (nsys would record nothing) and says so; the script's output is whole."""
+    from click.testing import CliRunner
+
+    from gpudiag.cli.main import cli
+
+    script = tmp_path / "plain.py"
+    script.write_text("print('no training here')\n")
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["profile", str(script), "-o", str(run_dir), "--nsys", str(fake_nsys)])
+    assert result.exit_code == 0, result.output
+    assert "capturing the whole script" in result.output
+    log = (run_dir / "gpudiag.log").read_text()
+    assert "--capture-range" not in log.split("$ ")[-2]  # the nsys profile command line
