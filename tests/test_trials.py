@@ -207,6 +207,11 @@ def test_profile_runs_the_asked_trial_and_reports_it(tmp_path, fake_nsys):
     assert trial["steps"] == 5  # the trial's window is the capture's, at most 10 steps
     html = (run_dir / "report.html").read_text()
     assert "Trials: the changes applied and measured" in html and "measured (trial)" in html
+    # 'gpudiag report RUN_DIR' analyses the run again and keeps its trials
+    again = CliRunner().invoke(cli, ["report", str(run_dir), "--force"])
+    assert again.exit_code == 0, again.output
+    report = json.loads((run_dir / "report.json").read_text())
+    assert [t["change"] for t in report["trials"]] == ["fused-optimizer"] and "trials" not in report["script"]
 
 
 def test_args_trial_is_compared_per_sample(tmp_path):

@@ -355,7 +355,9 @@ def _header(meta: dict, status: dict | None, compiled: dict, device_peaks) -> di
         "gpudiag_version": __version__,
         "source": meta.get("source"),
         # the provenance can run to hundreds of KB: it stays in script_status.json
-        "script": {k: v for k, v in status.items() if k != "inductor_provenance"} if status else None,
+        # trials: the report's own section (gpudiag.trials.results.attach)
+        "script": {k: v for k, v in status.items() if k not in ("inductor_provenance", "trials", "trials_left_out")}
+        if status else None,
         "compiled": {**compiled, "dynamo": (status or {}).get("compile")} if compiled["graphs"] or (status or {}).get("compile") else None,
         "environment": {**meta.get("environment", {}),
                         **{k: (status or {}).get(k) for k in ("torch_version", "torch_cuda_version") if (status or {}).get(k)}},

@@ -371,6 +371,9 @@ def _trials(job: Job, status: dict) -> None:
         results.attach(report, trials, left)
         render_trials(report)
     write_reports(report, job.run_dir)
+    # kept with the run, so that 'gpudiag report RUN_DIR' shows them again
+    status.update(trials=report["trials"], trials_left_out=report["trials_left_out"])
+    (job.run_dir / STATUS_NAME).write_text(json.dumps(status, indent=1))
 
 
 def _analyse_interrupted(job: Job, result, stage: StageTracker) -> int:

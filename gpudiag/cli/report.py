@@ -119,8 +119,13 @@ def _ingest_and_analyse(export: Path, out_dir: Path, options: AnalysisOptions, s
     if steps_from is None and (status or {}).get("step_mode") == "nvtx" and status.get("steps_regex"):
         steps_from = "nvtx:" + status["steps_regex"]  # the user's ranges the launcher took as steps
     try:
-        return analyse(db, warmup_steps=warmup, steps_from=steps_from, status=status, calibration=calibration,
-                       top=top)
+        result = analyse(db, warmup_steps=warmup, steps_from=steps_from, status=status, calibration=calibration,
+                         top=top)
+        if (status or {}).get("trials") is not None:  # the run's trials, kept in its status by gpudiag profile
+            from gpudiag.trials.results import attach
+
+            attach(result, status["trials"], status.get("trials_left_out") or [])
+        return result
     except AnalysisError as exc:
         raise UserError(f"{export}: {exc}", exit_code=3) from None
     except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # a bug, said in one line
