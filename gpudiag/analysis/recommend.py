@@ -20,6 +20,7 @@ from gpudiag.analysis.expert_rules import EXPERT_RULES
 from gpudiag.analysis.ncu_rules import NCU_RULES
 from gpudiag.analysis.families import COMMUNICATION, CONTRACTION_FAMILIES, kernel_label
 from gpudiag.analysis.host_floor import phase_host_ns, untraced_factor
+from gpudiag.analysis.kernel_precision import math_paths_from_names
 from gpudiag.analysis.peaks import DevicePeaks
 from gpudiag.reports.labels import distinct_labels
 
@@ -92,9 +93,15 @@ def fp32_matmul(ctx: RuleContext) -> Recommendation | None:
     """fp32 matrix math on the SIMT path (no tensor cores): compute-bound GEMM/conv kernels whose
     math path is fp32. Saving: their time x (1 - fp32 peak / bf16 peak), i.e. the same efficiency
     on the bf16 tensor-core roof; an upper bound, since the step may then become overhead-bound."""
-    k = ctx.km[ctx.km["family"].isin(CONTRACTION_FAMILIES) & (ctx.km["math_path"] == "fp32") & (ctx.km["kernel_class"] == "compute")]
+    k = ctx.km[ctx.km["family"].isin(CONTRACTION_FAMILIES)]
+    # Without op shapes or ncu the math path comes from the kernel's name (kernel_precision), and
+    # the class is a heuristic: such a kernel counts unless it is overhead-bound.
+    by_name = k["math_path"].isna()
+    path = k["math_path"].where(~by_name, math_paths_from_names(k["name"]))
+    k = k[(path == "fp32") & ((k["kernel_class"] == "compute") | (by_name & (k["kernel_class"] != "overhead")))]
     if k.empty or not ctx.peaks.flops.get("bf16") or not ctx.peaks.flops.get("fp32"):
         return None
+    named = bool(k["math_path"].isna().any())
     ns = k["duration_ns"].sum() / ctx.n_steps
     if ns < 0.05 * ctx.step_ns:  # under 5 % of the step: not worth a precision change
         return None
@@ -104,7 +111,8 @@ def fp32_matmul(ctx: RuleContext) -> Recommendation | None:
         "GD-FP32-MATMUL", "fp32 matrix math runs on SIMT cores, not tensor cores", ns * (1 - ratio),
         f"compute-bound fp32 GEMM/conv time x (1 - fp32 peak / bf16 peak = {ratio:.3f}); TF32 would give "
         f"{ns * (1 - ctx.peaks.flops['fp32'] / tf32) / 1e6:.2f} ms" if tf32 else "compute-bound fp32 GEMM/conv time x (1 - fp32/bf16 peak)",
-        [f"{ns / 1e6:.2f} ms/step in compute-bound fp32 GEMM/conv kernels ({100 * ns / ctx.step_ns:.0f} % of the step)", *_top(k, ctx.n_steps)],
+        [f"{ns / 1e6:.2f} ms/step in compute-bound fp32 GEMM/conv kernels ({100 * ns / ctx.step_ns:.0f} % of the step)"
+         + (" (math path read from the kernel names: no op shapes recorded)" if named else ""), *_top(k, ctx.n_steps)],
         "Run the model under bf16 autocast (`with torch.autocast('cuda', dtype=torch.bfloat16):`), or allow TF32 "
         "(`torch.backends.cuda.matmul.allow_tf32 = True`, `torch.backends.cudnn.allow_tf32 = True`).")
 
