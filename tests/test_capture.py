@@ -179,6 +179,7 @@ def test_summary_reports_optimizer_mode_and_completed_steps(optimizer_capture):
     assert set(summary.pop("losses")) == {"0", "1", "2", "3"}
     window = {k: summary.pop(k) for k in ("window_steps", "window_complete", "run_to_end", "capture_range",
                                           "capture_started_step", "window_start_unix_s", "steps_regex")}
+    assert summary.pop("samples_per_step") == 5  # the batch: dimension 0 of the first module input
     assert window["window_steps"] is None and window["window_complete"] is False and window["capture_range"] is False
     assert window["steps_regex"] is None and window["window_start_unix_s"] is not None  # step 1 opened
     assert summary == {"step_mode": "optimizer", "steps_completed": 4, "detail_step": 1, "warmup_steps": 1,
@@ -307,6 +308,7 @@ def test_explicit_detail_step(tmp_path):
 @pytest.mark.parametrize("steps_from, source, expected", [
     ("auto", "import gpudiag\nfor b in data:\n    train(b)\n    gpudiag.step()\n", "call"),
     ("auto", "from gpudiag import step\nstep()\n", "call"),
+    ("auto", "import gpudiag\nfor b in data:\n    serve(b)\n    gpudiag.step(samples=len(b))\n", "call"),
     ("auto", "for b in data:\n    loss.backward()\n    opt.step()\n", "optimizer"),
     ("auto", "", "optimizer"),
     ("optimizer", "gpudiag.step()", "optimizer"),

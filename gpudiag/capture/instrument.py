@@ -420,7 +420,7 @@ def detect_step_mode(config: CaptureConfig, script_source: str) -> str:
     Raises ValueError for an unknown value or an invalid ``nvtx:`` regular expression."""
     value = config.steps_from
     if value == "auto":
-        return "call" if re.search(r"\bgpudiag\.step\(\)|\bfrom gpudiag import step\b", script_source) else "optimizer"
+        return "call" if re.search(r"\bgpudiag\.step\(|\bfrom gpudiag import step\b", script_source) else "optimizer"
     if value in ("optimizer", "call"):
         return value
     if value.startswith("nvtx:"):
