@@ -5,7 +5,7 @@ The baseline is run just before the trials and once more after them, when the bu
 first process started after an nsys capture runs slow (H100, 2026-11-25, a host-bound generate
 loop: 250 ms before the capture, 384 ms in the first run after it, 260 ms in the next;
 benchmarks/probes/after_nsys_slowdown.sh). The trials compare with the later baseline when the
-two differ by more than :data:`BASELINE_DRIFT`, else with their mean.
+two differ by more than :data:`BASELINE_DRIFT`, else with both runs' steps together.
 """
 
 from __future__ import annotations
