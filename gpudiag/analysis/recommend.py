@@ -283,7 +283,9 @@ def unfused_optimizer(ctx: RuleContext) -> Recommendation | None:
                 "bandwidth)" if params else "optimizer GPU time per step (parameter count not recorded)")
     host = _optimizer_host_saving(ctx, opt)
     if host > saving:
-        saving, estimate = host, (f"host-bound step: the optimizer step's host time without the profiler, less one "
+        bare = "scaled to the run without the profiler" if ctx.bare_inflation_ns is not None else \
+            "as traced (no bare run: an upper bound)"
+        saving, estimate = host, (f"host-bound step: the optimizer step's host time ({bare}), less one "
                                   f"fused launch ({host / 1e6:.2f} ms/step); by GPU time alone: {estimate}, "
                                   f"{max(gpu_ns - floor, 0.0) / 1e6:.2f} ms")
     return Recommendation(
