@@ -103,14 +103,15 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=TIMEOUT_S)
 
 
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_profiled_compiled_script_is_unchanged(tmp_path, scenario):
+@pytest.mark.parametrize("scenario,bare", [(s, False) for s in SCENARIOS] + [("whole_model", True)])
+def test_profiled_compiled_script_is_unchanged(tmp_path, scenario, bare):
     """Same losses (bit for bit: same code, same order), same Dynamo counters with and without
     the launcher; the launcher's status reports Dynamo's numbers; the op ranges of the detail step
-    (step 2, a compiled step) do not make Dynamo recompile."""
+    (step 2, a compiled step) do not make Dynamo recompile. The bare run too: it keeps its forward
+    hooks once Dynamo compiled with them (removing them would compile a second graph)."""
     script = _script(tmp_path, scenario)
     plain = _result(_run([str(script)], tmp_path))
-    config = CaptureConfig(warmup_steps=2).to_json()
+    config = CaptureConfig(warmup_steps=2, bare=bare).to_json()
     status_path = tmp_path / "status.json"
     profiled_proc = _run(["-m", "gpudiag.capture.launch", "--config", config, "--status", str(status_path),
                           str(script)], tmp_path)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from gpudiag import nvtx_names
 from gpudiag.capture import dynamo_stats
 from gpudiag.capture.op_ranges import NullNvtx, _make_op_mode, default_nvtx
+from gpudiag.capture.user_ranges import wrap_user_nvtx
 from gpudiag.capture.window import Window
 
 # In auto mode, the user's ranges that are steps: text starting with step/iteration/iter ("step 3",
@@ -107,6 +108,8 @@ class _State:
     step_start_event: dict = field(default_factory=dict)  # step -> CUDA event recorded at its start (nvtx mode)
     step_end_event: dict = field(default_factory=dict)  # step -> CUDA event recorded at its end
     window: object = None  # gpudiag.capture.window.Window: capture range, end of the window, losses
+    call_steps: object = None  # gpudiag.capture.call_steps.CallSteps: forward / generate steps
+    module_hooks: list = field(default_factory=list)  # handles of the two global forward hooks
     step_open_callbacks: list = field(default_factory=list)  # called with the step index as each step opens
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -205,7 +208,9 @@ def step_boundary() -> None:
 
 def _ensure_step_open() -> None:
     state = _state
-    if state is not None and state.step_mode != "nvtx" and state.step_index == -1 and not state.window.closed:
+    # forward and generate steps open at their own calls (gpudiag.capture.call_steps)
+    if state is not None and state.step_mode in ("optimizer", "call") and state.step_index == -1 \
+            and not state.window.closed:
         with state.lock:
             if state.step_index == -1:
                 _open_step(state)
@@ -295,7 +300,13 @@ def _forward_pre_hook(module, args):
     state = _state
     if state is None:
         return None
+    if state.config.bare:  # only what step boundaries need: no per-module cost
+        if state.call_steps is not None:
+            state.call_steps.pre(module)
+        return None
     _ensure_step_open()
+    if state.call_steps is not None:
+        state.call_steps.pre(module)
     if state.autocast_dtype is None:  # once: the first forward runs inside the user's autocast region, if any
         state.autocast_dtype = _autocast_dtype()
     if state.config.module_ranges and not _compiler_artifact(module):
@@ -307,8 +318,12 @@ def _forward_hook(module, args, output):
     if _compiling():
         return None
     state = _state
-    if state is not None and state.config.module_ranges and not _compiler_artifact(module):
+    if state is None:
+        return None
+    if not state.config.bare and state.config.module_ranges and not _compiler_artifact(module):
         state.nvtx.pop()
+    if state.call_steps is not None:
+        state.call_steps.post()
     return None
 
 
@@ -322,6 +337,7 @@ def _wrap_backward(torch):
         if state is None or _compiling():
             return original(*args, **kwargs)
         _ensure_step_open()
+        _training_seen(state)
         state.window.record_loss(state.step_index, args[0] if args else kwargs.get("tensors"))
         state.nvtx.push(nvtx_names.PHASE + "backward")
         try:
@@ -333,9 +349,24 @@ def _wrap_backward(torch):
     torch.autograd.backward = backward
 
 
+def _training_seen(state: _State) -> None:
+    """A backward() or optimizer step: training, so steps are the optimizer's. The bare run then
+    drops its forward hooks (no per-module cost in the timed steps) unless Dynamo already compiled
+    with them: it guards on the global hook dicts, and removing them would compile a second graph."""
+    if state.call_steps is None:
+        return
+    state.call_steps.training_seen()
+    if state.config.bare and state.module_hooks and not state.call_steps.counting:
+        if "torch._dynamo" not in sys.modules or not dynamo_stats.compile_summary():
+            for handle in state.module_hooks:
+                handle.remove()
+            state.module_hooks = []
+
+
 def _optimizer_pre_hook(optimizer, args, kwargs):
     state = _state
     if state is not None and not _compiling():
+        _training_seen(state)
         _ensure_step_open()
         state.nvtx.push(nvtx_names.PHASE + "optimizer")
 
@@ -349,69 +380,6 @@ def _optimizer_post_hook(optimizer, args, kwargs):
         step_boundary()
 
 
-# ---- user NVTX steps ---------------------------------------------------------------------------
-
-def _user_steps(state: _State) -> bool:
-    """Whether a user range matching the step regex is a step: always in ``nvtx`` mode; in
-    ``auto`` mode, the first one switches to ``nvtx`` mode while no optimizer step has ended a
-    step (an inference or generate loop with its own "step N" ranges), dropping a step 0 a
-    forward opened; once an optimizer step has, steps stay the optimizer's."""
-    if state.step_mode == "nvtx":
-        return True
-    if not state.auto_nvtx or state.steps_completed > 0:
-        return False
-    with state.lock:
-        if state.step_range is not None:
-            state.nvtx.end(state.step_range)
-            state.step_range = None
-        _stop_op_ranges(state)
-        state.step_index = -1
-        state.step_mode = "nvtx"
-    return True
-
-
-def _wrap_user_nvtx(state: _State, torch) -> None:
-    """In ``nvtx:REGEX`` mode, count the user's matching ranges to know which one is the detail
-    step; wraps ``torch.cuda.nvtx.range_push`` (``torch.cuda.nvtx.range`` goes through it)."""
-    nvtx_mod = torch.cuda.nvtx
-    original_push, original_pop = nvtx_mod.range_push, nvtx_mod.range_pop
-    depth_of_step: list[int] = []
-    depth = [0]
-
-    def range_push(msg):
-        is_step = not state.window.closed and bool(state.step_regex.search(str(msg))) and _user_steps(state)
-        if is_step:
-            state.window.step_opening(state.step_index + 1)  # the capture range opens before the range
-        result = original_push(msg)
-        depth[0] += 1
-        if is_step:
-            state.step_index += 1
-            for callback in state.step_open_callbacks:
-                callback(state.step_index)
-            state.step_start_ns[state.step_index] = time.perf_counter_ns()
-            _record_event(state.step_start_event, state.step_index)
-            depth_of_step.append(depth[0])
-            _start_op_ranges_if_detail(state)
-        return result
-
-    def range_pop():
-        done = False
-        if depth_of_step and depth_of_step[-1] == depth[0]:
-            depth_of_step.pop()
-            state.step_end_ns[state.step_index] = time.perf_counter_ns()
-            _record_event(state.step_end_event, state.step_index)
-            _stop_op_ranges(state)
-            state.steps_completed += 1
-            done = state.window.step_closed(state.step_index)
-        depth[0] -= 1
-        result = original_pop()
-        if done:
-            state.window.close(state)  # raises WindowComplete unless --run-to-end
-        return result
-
-    nvtx_mod.range_push, nvtx_mod.range_pop = range_push, range_pop
-
-
 # ---- install / finish --------------------------------------------------------------------------
 
 def detect_step_mode(config: CaptureConfig, script_source: str) -> str:
@@ -421,7 +389,7 @@ def detect_step_mode(config: CaptureConfig, script_source: str) -> str:
     value = config.steps_from
     if value == "auto":
         return "call" if re.search(r"\bgpudiag\.step\(|\bfrom gpudiag import step\b", script_source) else "optimizer"
-    if value in ("optimizer", "call"):
+    if value in ("optimizer", "call", "forward", "generate"):
         return value
     if value.startswith("nvtx:"):
         try:
@@ -429,7 +397,7 @@ def detect_step_mode(config: CaptureConfig, script_source: str) -> str:
         except re.error as exc:  # re.error is not a ValueError
             raise ValueError(f"--steps-from {value!r}: invalid regular expression ({exc})") from None
         return "nvtx"
-    raise ValueError(f"unknown --steps-from {value!r}: use auto, optimizer, call or nvtx:REGEX")
+    raise ValueError(f"unknown --steps-from {value!r}: use auto, optimizer, call, forward, generate or nvtx:REGEX")
 
 
 def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State:
@@ -448,18 +416,22 @@ def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State
     state.step_mode = detect_step_mode(config, script_source)
     if state.step_mode == "nvtx":
         state.step_regex = re.compile(config.steps_from[5:])
-        _wrap_user_nvtx(state, torch)
+        wrap_user_nvtx(state, torch)
     elif config.steps_from == "auto" and state.step_mode == "optimizer":  # user "step N" ranges may be the steps
         state.step_regex, state.auto_nvtx = re.compile(AUTO_USER_STEP_REGEX), True
-        _wrap_user_nvtx(state, torch)
+        wrap_user_nvtx(state, torch)
     _state = state
     # torch warns that global hooks fire once more for a compiled model's OptimizedModule wrapper:
     # gpudiag expects that (the wrapper is named as the model, the inner calls are traced no-ops),
     # and the warning would otherwise appear in the user's output as if their script caused it.
     warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
-    if not config.bare:  # the bare run keeps only what step boundaries need: no per-module cost
-        nn_module.register_module_forward_pre_hook(_forward_pre_hook)
-        nn_module.register_module_forward_hook(_forward_hook, always_call=True)
+    if state.step_mode in ("forward", "generate") or (config.steps_from == "auto" and state.step_mode == "optimizer"):
+        from gpudiag.capture.call_steps import CallSteps
+
+        state.call_steps = CallSteps(state, "auto" if config.steps_from == "auto" else state.step_mode)
+    if state.call_steps is not None or not config.bare:  # else the bare run has no per-module cost
+        state.module_hooks = [nn_module.register_module_forward_pre_hook(_forward_pre_hook),
+                              nn_module.register_module_forward_hook(_forward_hook, always_call=True)]
     _wrap_backward(torch)  # in the bare run too: it records the loss (see Window.record_loss)
     optim_module.register_optimizer_step_pre_hook(_optimizer_pre_hook)
     optim_module.register_optimizer_step_post_hook(_optimizer_post_hook)

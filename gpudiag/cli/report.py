@@ -200,7 +200,8 @@ def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, ncu: 
     export, status, default_dir = resolve_input(source)
     out_dir = out_dir or default_dir
     _refuse_overwrites(export, out_dir, force)
-    if options.steps_from and not options.steps_from.startswith("nvtx:") and options.steps_from not in ("auto", "optimizer", "call"):
+    if options.steps_from and not options.steps_from.startswith("nvtx:") and options.steps_from not in (
+            "auto", "optimizer", "call", "forward", "generate"):
         raise UserError(f"--steps-from {options.steps_from!r}: use nvtx:REGEX (or auto) when reporting")
     if options.steps_from and options.steps_from.startswith("nvtx:"):
         try:

@@ -1,0 +1,144 @@
+"""Steps from calls, for scripts with no optimizer and no step ranges (inference and serving loops).
+
+- ``forward``: each call of an outermost ``nn.Module`` forward (one called while no other module's
+  forward runs) starts a step; the step runs until the next such call, so a request's own host
+  work after the forward (``.cpu()``, ``.tolist()``) belongs to it, as in the optimizer mode.
+- ``generate``: each call of a Hugging Face ``generate()`` starts a step; the forwards inside it
+  (prefill, then one per new token) are not steps.
+- ``auto`` (the launcher's default after ``gpudiag.step()``, the user's NVTX steps and the
+  optimizer): undecided until the evidence comes. A ``backward()`` or an optimizer step keeps the
+  optimizer's steps; an outermost forward called from inside ``generate()`` makes it ``generate``;
+  a second call of the same outermost module with neither between makes it ``forward``. The first call before that is the
+  start-up's last part: model construction and weight upload before it are in no step.
+
+Cost: a call from the launcher's two global module hooks (under a µs per module call once
+decided: a flag test in the optimizer and generate modes, a depth count in forward mode). No hook
+is added or removed after the first call: Dynamo guards on the global hook dicts and on each
+module's hooks, so changing them after a compiled call would compile a second graph (found by
+tests/test_capture_compile.py), and hooks of their own would add two traced frames.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+
+_local = threading.local()  # depth of module calls on this thread
+
+
+def _inside_generate() -> bool:
+    """True when a Hugging Face ``generate()`` is on this thread's stack (read once, at the first
+    outermost forward)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "generate" and "transformers" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class CallSteps:
+    """The call-step tracker of one launcher state (see the module docstring). ``mode``: "auto",
+    "forward" or "generate"."""
+
+    def __init__(self, state, mode: str) -> None:
+        self.state, self.mode = state, mode
+        self.training = False
+        self.counting = True  # depth is counted while undecided and in forward mode
+        self.roots: weakref.WeakSet = weakref.WeakSet()
+        self.root = None  # forward mode: the outermost module whose calls are steps (weak)
+
+    def training_seen(self) -> None:
+        """A backward() or optimizer step: in auto mode the optimizer's steps stay; stop tracking
+        (the hooks stay, as flag tests: see the module docstring)."""
+        if not self.training and self.mode == "auto" and self.state.step_mode == "optimizer":
+            self.training = True
+            self.counting = False
+
+    # ---- hooks ------------------------------------------------------------------------------------
+    def post(self) -> None:
+        """At the end of every module call outside compiled code."""
+        if self.counting:
+            _local.depth = max(getattr(_local, "depth", 1) - 1, 0)
+
+    def pre(self, module) -> None:
+        """At every module call outside compiled code (from the launcher's global forward hooks)."""
+        if not self.counting:
+            return
+        depth = getattr(_local, "depth", 0)
+        _local.depth = depth + 1
+        if depth or self.state.window.closed:
+            return
+        root = self.root() if self.root is not None else None
+        if root is not None:
+            if module is root:
+                self.boundary()
+            return
+        self._decide(module)
+
+    def _decide(self, module) -> None:
+        """At an outermost forward while undecided (or in explicit forward mode, its first call)."""
+        if self.state.step_mode == "nvtx":  # the user's own step ranges won (instrument's auto mode)
+            self.counting = False
+            return
+        if self.mode in ("auto", "generate") and _inside_generate():
+            self._switch("generate")
+            return
+        if self.mode == "generate":  # a forward outside generate(): not a step
+            return
+        if self.mode == "auto":
+            # the same outermost module called again with no backward or optimizer step between:
+            # a second request (a training loop calls its model and then its loss module, once each)
+            if module not in self.roots:
+                self.roots.add(module)
+                return
+            if self.state.steps_completed:
+                return
+        self._switch("forward", module)
+
+    def _switch(self, mode: str, root=None) -> None:
+        """Steps from now on come from ``mode``; this call is a step boundary."""
+        self.state.step_mode = mode
+        if mode == "generate":
+            self.counting = False
+            _wrap_generate(self)
+        else:
+            self.root = weakref.ref(root)
+        if self.mode == "auto" and self.state.step_index == -1:
+            # The profiled run opened step 0 at the first forward; the bare run (no forward hooks)
+            # opens it here, empty, so that step k is the same request in both.
+            self.boundary()
+        self.boundary()
+
+    def boundary(self) -> None:
+        """A step starts here: the open one ends (the first call opens step 0)."""
+        from gpudiag.capture import instrument
+
+        state = self.state
+        if state.window.closed:
+            return
+        if state.step_index == -1:
+            with state.lock:
+                instrument._open_step(state)
+            return
+        instrument.step_boundary()
+
+
+def _wrap_generate(tracker: CallSteps) -> None:
+    """Each later ``GenerationMixin.generate`` call is a step boundary (the running one, which
+    was already under way, is step 0 and ends at the next call)."""
+    utils = sys.modules.get("transformers.generation.utils")
+    mixin = getattr(utils, "GenerationMixin", None)
+    if mixin is None or getattr(mixin.generate, "__gpudiag__", False):
+        return
+    original = mixin.generate
+
+    def generate(self, *args, **kwargs):
+        tracker.boundary()
+        return original(self, *args, **kwargs)
+
+    generate.__gpudiag__ = True
+    generate.__wrapped__ = original
+    generate.__doc__ = original.__doc__
+    mixin.generate = generate
