@@ -22,6 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser, steps: int = 10000) -> None:
     parser.add_argument("--tiny", action="store_true", help="a model that runs in seconds on a CPU")
     for flag in FLAGS.values():
         parser.add_argument(flag, action="store_true")
+    parser.add_argument("--autocast-form", choices=("call", "forward"), default="call",
+                        help="--bf16-autocast around the model call (default) or as model.forward (gpudiag's trial form)")
 
 
 def before_model(args) -> None:
@@ -42,7 +44,9 @@ def model_forward(args, model: torch.nn.Module):
         forward = torch.compile(model)
     elif args.compile_graphs:
         forward = torch.compile(model, mode="reduce-overhead")
-    if args.bf16_autocast:
+    if args.bf16_autocast and args.autocast_form == "forward":
+        model.forward = torch.autocast("cuda", dtype=torch.bfloat16)(model.forward)
+    elif args.bf16_autocast:
         inner = forward
 
         def forward(*a, **k):
