@@ -70,6 +70,16 @@ def test_generate_loop_gets_one_step_per_generate_call(tmp_path):
     # and the window ended as the 5th began (the script printed after each of the first 4 only)
     counts = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("forwards")]
     assert counts == [5, 10, 15, 20] and status["stopped_after_window"] == 5
+    # each complete generate() step (2, 3, 4) records its 5 forwards' starts, prefill first,
+    # in order, inside the step (step k's time is step_wall_ns[k])
+    forwards = status["generate_forwards"]
+    assert {"2", "3", "4"} <= set(forwards)
+    for k in ("2", "3", "4"):
+        offsets = forwards[k]["wall_ns"]
+        assert len(offsets) == 5 and offsets == sorted(offsets) and 0 <= offsets[0]
+        assert offsets[-1] < status["step_wall_ns"][k]
+    # start-up (imports, model construction) is before step 0, in no step
+    assert status["startup_ns"] > 0 and status["warmup_ns"] > 0
 
 
 def test_training_keeps_optimizer_steps(tmp_path):

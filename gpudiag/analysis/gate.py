@@ -35,7 +35,7 @@ BASELINE_FORMAT = 1
 # (metric-name glob, relative threshold); first match wins, user entries come before these.
 DEFAULT_THRESHOLDS: tuple[tuple[str, float], ...] = (
     ("step_time", 0.05), ("bare_step_time", 0.05), ("gpu_busy_time", 0.05), ("kernel_launches", 0.05),
-    ("peak_memory", 0.05), ("overhead_time", 0.10),
+    ("peak_memory", 0.05), ("overhead_time", 0.10), ("latency_p90", 0.10), ("tokens_per_s", 0.05),
     ("family:*", 0.10), ("module:*", 0.10), ("*", 0.10),
 )
 # Absolute noise floors by unit: ns per step, launches per step, bytes (one 2 MiB allocator block:
@@ -58,9 +58,10 @@ class Metric:
     """One gated metric: per-step ``samples`` in ``unit``; ``direction`` says which way is better."""
 
     name: str
-    unit: str  # ns, count or bytes
+    unit: str  # ns, count, bytes or per_s
     samples: list[float]
-    direction: str = "lower"  # every gated metric is lower-is-better today
+    direction: str = "lower"  # tokens_per_s is higher-is-better; every other metric lower
+    statistic: str = "median"  # latency_p90 compares the 90th percentile of its samples
 
 
 @dataclass
@@ -131,6 +132,7 @@ def metrics_from_report(report: dict) -> dict[str, Metric]:
     bare = (report.get("representativeness") or {}).get("bare_samples_ns")
     if bare:  # the run without the profiler: the step time a CI gate should trust
         metrics["bare_step_time"] = Metric("bare_step_time", "ns", [float(v) for v in bare])
+    metrics.update(inference_metrics(report.get("inference")))
     peaks = [s.get("peak_memory_bytes") for s in steps]
     if all(p is not None for p in peaks):  # captured by gpudiag's launcher
         metrics["peak_memory"] = Metric("peak_memory", "bytes", [float(p) for p in peaks])
@@ -141,12 +143,37 @@ def metrics_from_report(report: dict) -> dict[str, Metric]:
     return metrics
 
 
+def inference_metrics(inference: dict | None) -> dict[str, Metric]:
+    """An inference run's gated metrics (gpudiag.analysis.serving): ``latency_p90`` (the 90th
+    percentile of the per-request latencies, ns; the tail a service level is written against) and,
+    for generate(), ``tokens_per_s`` (per step, higher is better). Empty for a training run."""
+    if not inference:
+        return {}
+    out = {"latency_p90": Metric("latency_p90", "ns", [float(v) for v in inference["latency_samples_ns"]],
+                                 statistic="p90")}
+    gen = inference.get("generation")
+    if gen and gen.get("tokens_per_s_samples"):
+        out["tokens_per_s"] = Metric("tokens_per_s", "per_s", [float(v) for v in gen["tokens_per_s_samples"]],
+                                     direction="higher")
+    return out
+
+
+def _statistic(metric: Metric) -> float:
+    """The compared value of a metric: its median, or the percentile its ``statistic`` names."""
+    import numpy as np
+
+    if metric.statistic.startswith("p"):
+        return float(np.percentile(metric.samples, float(metric.statistic[1:])))
+    return float(np.median(metric.samples))
+
+
 def baseline_from_report(report: dict) -> dict:
     """The baseline file's content (meant to be committed): format, source, environment and the
     per-step samples of every gated metric."""
     return {"gpudiag_baseline": BASELINE_FORMAT, "source": report.get("source"),
             "gpudiag_version": report.get("gpudiag_version"), "environment": environment_of(report),
-            "metrics": {m.name: {"unit": m.unit, "direction": m.direction, "samples": m.samples}
+            "metrics": {m.name: {"unit": m.unit, "direction": m.direction, "statistic": m.statistic,
+                                 "samples": m.samples}
                         for m in metrics_from_report(report).values()}}
 
 
@@ -157,7 +184,8 @@ def load(data: dict, origin: str) -> tuple[dict[str, Metric], dict]:
         raise GateError(f"{origin}: neither a gpudiag report.json nor a baseline file", exit_code=3)
     if data.get("gpudiag_baseline") == BASELINE_FORMAT:
         try:
-            metrics = {name: Metric(name, m["unit"], [float(x) for x in m["samples"]], m.get("direction", "lower"))
+            metrics = {name: Metric(name, m["unit"], [float(x) for x in m["samples"]], m.get("direction", "lower"),
+                                    m.get("statistic", "median"))
                        for name, m in data["metrics"].items()}
         except (KeyError, TypeError, ValueError):
             raise GateError(f"{origin}: a damaged baseline file; re-create it with 'gpudiag baseline save RUN'", exit_code=3) from None
@@ -244,11 +272,11 @@ def compare(baseline: dict[str, Metric], current: dict[str, Metric], config: Gat
         unit = (b or c).unit
         threshold, floor = config.threshold(name), config.noise_floor(name, unit)
         if b is None or c is None:
-            out.append(Comparison(name, unit, None if b is None else float(np.median(b.samples)),
-                                  None if c is None else float(np.median(c.samples)), None, None, threshold, floor,
+            out.append(Comparison(name, unit, None if b is None else _statistic(b),
+                                  None if c is None else _statistic(c), None, None, threshold, floor,
                                   "new" if b is None else "gone"))
             continue
-        mb, mc = float(np.median(b.samples)), float(np.median(c.samples))
+        mb, mc = _statistic(b), _statistic(c)
         delta = mc - mb
         change = delta / mb if mb else (math.inf if delta else 0.0)
         p = _p_value(b.samples, c.samples)

@@ -30,6 +30,7 @@ from gpudiag.analysis.compiled import attribute_compiled
 from gpudiag.analysis.compiled import summarize as summarize_compiled
 from gpudiag.analysis.launches import in_measured_steps, launch_counts
 from gpudiag.analysis.representative import apply_bare_run, compare_bare
+from gpudiag.analysis.serving import apply_requests
 from gpudiag.analysis.timeline import gpu_activities, idle_intervals, launch_stats, step_table, stream_gaps
 from gpudiag.sources import row_checks
 from gpudiag.sources.ncu import read_ncu
@@ -125,7 +126,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     instrumentation = report_tables.instrumentation(st, measured, t.nvtx, detail_step, n)
     warnings.extend(_capture_warnings(meta, status))
 
-    report = invariants.check(apply_bare_run({
+    report = invariants.check(apply_requests(apply_bare_run({
         **_header(meta, status, compiled, device_peaks),
         "steps": _steps_section(steps, st, detail_step, measured, per_step),
         # None when every measured window is empty (timestamps moved in a damaged export): no share of nothing
@@ -147,7 +148,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "launches_per_step": launch_counts(km, api_m, n),
         "communication": comm.communication(k, measured_ids, n, step_ns) if n else None,
         "warnings": warnings,
-    }))
+    })))
     if procs is not None:  # every process analysed on its own (the main one again: a plain function of the file)
         options = {"warmup_steps": warmup_steps, "steps_from": steps_from, "status": status, "top": top,
                    "calibration": calibration}

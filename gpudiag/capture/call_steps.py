@@ -22,9 +22,45 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import weakref
 
+MAX_FORWARDS_PER_STEP = 4096  # forward starts kept per generate() step (one per new token)
+
 _local = threading.local()  # depth of module calls on this thread
+
+
+def _cuda_event():
+    """A recorded (never waited on) CUDA timing event, or None without CUDA."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def generate_summary(tracker: "CallSteps | None", state) -> dict:
+    """Status entry ``generate_forwards``: for each completed generate() step k ≥ 1, the start of
+    each forward it ran (prefill first, then one per new token) as offsets from the step's start in
+    ns: ``wall_ns`` (host clock) and ``gpu_ns`` (CUDA events, when the step's start has one).
+    Synchronizes once (the script has ended). {} outside generate mode."""
+    if tracker is None or not tracker.generating:
+        return {}
+    out = {}
+    for step, marks in sorted(tracker.marks.items()):
+        start_ns, start_event = state.step_end_ns.get(step - 1), state.step_end_event.get(step - 1)
+        if start_ns is None or step not in state.step_end_ns:
+            continue
+        entry = {"wall_ns": [t - start_ns for t, _ in marks]}
+        if start_event is not None and all(e is not None for _, e in marks):
+            import torch
+
+            torch.cuda.synchronize()
+            entry["gpu_ns"] = [int(round(start_event.elapsed_time(e) * 1e6)) for _, e in marks]
+        out[str(step)] = entry
+    return {"generate_forwards": out}
 
 
 def _inside_generate() -> bool:
@@ -48,6 +84,8 @@ class CallSteps:
         self.counting = True  # depth is counted while undecided and in forward mode
         self.roots: weakref.WeakSet = weakref.WeakSet()
         self.root = None  # forward mode: the outermost module whose calls are steps (weak)
+        self.generating = False  # generate mode decided: forwards are marked, not steps
+        self.marks: dict[int, list] = {}  # step -> [(perf_counter ns, CUDA event)] per forward start
 
     def training_seen(self) -> None:
         """A backward() or optimizer step: in auto mode the optimizer's steps stay; stop tracking
@@ -70,12 +108,24 @@ class CallSteps:
         _local.depth = depth + 1
         if depth or self.state.window.closed:
             return
+        if self.generating:  # a forward of generate(): prefill, then one per new token
+            self._mark()
+            return
         root = self.root() if self.root is not None else None
         if root is not None:
             if module is root:
                 self.boundary()
             return
         self._decide(module)
+        if self.generating:
+            self._mark()
+
+    def _mark(self) -> None:
+        """The start of a forward inside the open generate() step (host time and a CUDA event)."""
+        step = self.state.step_index
+        marks = self.marks.setdefault(step, []) if step >= 0 else None
+        if marks is not None and len(marks) < MAX_FORWARDS_PER_STEP:
+            marks.append((time.perf_counter_ns(), _cuda_event()))
 
     def _decide(self, module) -> None:
         """At an outermost forward while undecided (or in explicit forward mode, its first call)."""
@@ -101,7 +151,7 @@ class CallSteps:
         """Steps from now on come from ``mode``; this call is a step boundary."""
         self.state.step_mode = mode
         if mode == "generate":
-            self.counting = False
+            self.generating = True
             _wrap_generate(self)
         else:
             self.root = weakref.ref(root)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from gpudiag import nvtx_names
 from gpudiag.capture import dynamo_stats
 from gpudiag.capture.op_ranges import NullNvtx, _make_op_mode, default_nvtx
+from gpudiag.capture.call_steps import CallSteps, generate_summary
 from gpudiag.capture.user_ranges import wrap_user_nvtx
 from gpudiag.capture.window import Window
 
@@ -426,8 +427,6 @@ def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State
     # and the warning would otherwise appear in the user's output as if their script caused it.
     warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
     if state.step_mode in ("forward", "generate") or (config.steps_from == "auto" and state.step_mode == "optimizer"):
-        from gpudiag.capture.call_steps import CallSteps
-
         state.call_steps = CallSteps(state, "auto" if config.steps_from == "auto" else state.step_mode)
     if state.call_steps is not None or not config.bare:  # else the bare run has no per-module cost
         state.module_hooks = [nn_module.register_module_forward_pre_hook(_forward_pre_hook),
@@ -487,5 +486,6 @@ def finish() -> dict:
         "compile": dynamo_stats.compile_summary(),
         "step_wall_ns": step_wall_times(state),
         "step_gpu_ns": _safely(step_gpu_times, state),
+        **_safely(lambda st: generate_summary(st.call_steps, st), state),
         **state.window.summary(),
     }

@@ -40,6 +40,9 @@ class Window:
         self.capture_started_step: int | None = None
         self.capture_stopped = False
         self.window_start_unix_s: float | None = None  # when the first measured step opened
+        self.created_ns = time.perf_counter_ns()  # the launcher's start, before the script's first line
+        self.startup_ns: int | None = None  # from the launcher's start to step 0's opening
+        self.warmup_ns: int | None = None  # from step 0's opening to the first measured step's
         self.losses: dict[int, object] = {}  # step -> the detached scalar backward() was called on
         self.samples_per_step: int | None = None  # gpudiag.step(samples=N), else the first input's batch
         self._batch_hook = None
@@ -47,8 +50,13 @@ class Window:
     # -- capture range --------------------------------------------------------------------------
     def step_opening(self, step: int) -> None:
         """Called as step ``step`` is about to open (before its NVTX range)."""
+        now = time.perf_counter_ns()
+        if step == 0:
+            self.startup_ns = now - self.created_ns
         if step == self.config.warmup_steps:
             self.window_start_unix_s = time.time()
+            if self.startup_ns is not None:
+                self.warmup_ns = now - self.created_ns - self.startup_ns
         if self.config.capture_range and self.capture_started_step is None and step >= self.config.capture_start_step:
             if _profiler("start"):
                 self.capture_started_step = step
@@ -125,8 +133,8 @@ class Window:
         return {"window_steps": self.config.window_steps, "window_complete": self.closed,
                 "run_to_end": self.config.run_to_end, "capture_range": self.config.capture_range,
                 "capture_started_step": self.capture_started_step, "window_start_unix_s": self.window_start_unix_s,
-                "samples_per_step": self.samples_per_step,
-                "losses": self.loss_values()}
+                "samples_per_step": self.samples_per_step, "startup_ns": self.startup_ns,
+                "warmup_ns": self.warmup_ns, "losses": self.loss_values()}
 
 
 def _profiler(action: str) -> bool:

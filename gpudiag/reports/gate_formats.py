@@ -38,6 +38,8 @@ def _value(value, unit: str) -> str:
         return f"{value:.1f} %"
     if unit == "bytes":
         return f"{value / 2**20:.1f} MiB"
+    if unit == "per_s":
+        return f"{value:.1f}/s"
     return f"{value:.0f}"
 
 
@@ -58,7 +60,7 @@ def terminal(result: dict, console: Console | None = None, show_all: bool = Fals
     console = console or Console()
     table = Table(show_header=True, header_style="bold", title=f"gpudiag gate: {result['verdict'].upper()}")
     table.add_column("metric", no_wrap=True, overflow="ellipsis", max_width=48)
-    for col in ("before (median)", "after (median)", "Δ", "p", "verdict"):  # medians of per-step samples
+    for col in ("before (median)", "after (median)", "Δ", "p", "verdict"):  # medians of per-step samples (latency_p90: the p90)
         table.add_column(col, justify="right")
     for c in shown(result, show_all):
         table.add_row(Text(c["name"]), _value(c["baseline_median"], c["unit"]), _value(c["current_median"], c["unit"]),

@@ -33,6 +33,8 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
     render_communication(result, console)
     render_outliers(result, console)
     render_bare(result, console)
+    for line in request_lines(result):
+        console.print(Text(line), highlight=False)
     render_compiled(result, console)
     kernels = Table(title=f"top {top} kernels (per measured step)", show_header=True, header_style="bold")
     kernels.add_column("kernel", overflow="ellipsis", max_width=60)
@@ -162,6 +164,30 @@ def render_bare(result: dict, console: Console) -> None:
         console.print(Text("note: no run without the profiler to compare with (gpudiag profile makes one): the "
                            "overhead-bound numbers are as measured under tracing, which inflates host time"),
                       highlight=False)
+
+
+def request_lines(result: dict) -> list[str]:
+    """An inference run read per request (``result["inference"]``, gpudiag.analysis.serving):
+    latency percentiles and samples/s, start-up, and for generate() TTFT, TPOT and tokens/s."""
+    inf = result.get("inference")
+    if not inf:
+        return []
+    lat = inf["latency_ns"]
+    batch = f" of {inf['samples_per_step']} samples" if inf.get("samples_per_step") else ""
+    rate = f"; {inf['samples_per_s']:.1f} samples/s" if inf.get("samples_per_s") else ""
+    lines = [f"per request ({inf['source']}, {inf['steps']} steps{batch}): latency p50 {fmt_ns(lat['p50'])}, "
+             f"p90 {fmt_ns(lat['p90'])}, p99 {fmt_ns(lat['p99'])}{rate}"]
+    if inf.get("startup_ns") is not None:
+        warm = (f", then {inf['warmup_steps']} warm-up steps {fmt_ns(inf['warmup_ns'])}"
+                if inf.get("warmup_ns") is not None else "")
+        lines.append(f"start-up {fmt_ns(inf['startup_ns'])} before the first step (imports, model construction, "
+                     f"weight upload){warm}: in no measured step and the base of no saving")
+    gen = inf.get("generation")
+    if gen:
+        lines.append(f"generate(): time to first token {fmt_ns(gen['ttft_ns'])}, time per output token "
+                     f"{fmt_ns(gen['tpot_ns'])}, {gen['tokens_per_s']:.0f} tokens/s "
+                     f"({gen['tokens_per_step']:.0f} tokens per call)")
+    return lines
 
 
 def compiled_text(result: dict) -> str | None:
