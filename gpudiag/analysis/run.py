@@ -125,6 +125,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     phases = (km.groupby("phase")["duration_ns"].sum() / n).to_dict() if n else {}
     instrumentation = report_tables.instrumentation(st, measured, t.nvtx, detail_step, n)
     warnings.extend(_capture_warnings(meta, status))
+    warnings.extend(_few_steps(len(st)))
 
     report = invariants.check(apply_requests(apply_bare_run({
         **_header(meta, status, compiled, device_peaks),
@@ -335,6 +336,19 @@ def _findings(k: pd.DataFrame, km: pd.DataFrame, detail_step: int | None, idle: 
     return {"recommendations": overlaps.mark_overlaps(recommendations), "suppressed": suppressed,
             "fusion_candidates": candidates, "fusion_saving_by_kernel": saving_by_kernel(all_candidates),
             "fusion_note": fusion_note, "host_ns_per_step": host_ns, "fusion_source": fusion_source}
+
+
+MIN_STEPS = 3  # issue 24: fewer steps than this give no median worth the name
+
+
+def _few_steps(found: int) -> list[str]:
+    """A warning, saying what to pass, when fewer than :data:`MIN_STEPS` steps were found."""
+    if found >= MIN_STEPS:
+        return []
+    return [f"only {found} step{'s' if found != 1 else ''} found: per-step numbers need at least {MIN_STEPS}. "
+            "Pass --steps-from forward (one step per call of the outermost model), generate (one per generate() "
+            "call) or nvtx:REGEX (your own ranges), or call gpudiag.step() at the end of each step; a short script "
+            "needs more steps of its own (e.g. its --epochs or --iters)"]
 
 
 def _capture_warnings(meta: dict, status: dict | None) -> list[str]:

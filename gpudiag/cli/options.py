@@ -18,8 +18,10 @@ def analysis_options(func):
     """Adds ``--steps-from`` and ``--warmup-steps`` and passes them as one ``options`` argument."""
 
     @click.option("--steps-from", default=None, metavar="SOURCE",
-                  help="Where steps come from: auto, optimizer, call (gpudiag.step()) or nvtx:REGEX "
-                       "(the user's own NVTX ranges whose text matches REGEX).")
+                  help="Where steps come from: auto, optimizer, forward (each call of the outermost model), "
+                       "generate (each generate() call), call (gpudiag.step()) or nvtx:REGEX (the user's own "
+                       "NVTX ranges whose text matches REGEX). auto: gpudiag.step() or step ranges, then the "
+                       "optimizer, then generate(), then forward calls.")
     @click.option("--warmup-steps", type=click.IntRange(min=0), default=None,
                   help="Leading steps excluded from the statistics [default: the run's setting, else 2].")
     @functools.wraps(func)
