@@ -22,11 +22,12 @@ workload() {
     generate) echo "generate_nvtx.py" ;;
     convnext) echo "timm_fp32_train.py --model convnext_tiny" ;;
     vit)      echo "timm_fp32_train.py --model vit_small_patch16_224 --batch 64" ;;
+    mixer|encoder|decoder|seq2seq|serve) echo "infer_zoo.py --kind $1" ;;
     *) return 1 ;;
   esac
 }
 if [ "${1:-}" = "--list" ]; then
-  for n in gnn t5 lstm generate convnext vit; do printf '%-10s %s\n' "$n" "$(workload "$n")"; done; exit 0
+  for n in gnn t5 lstm generate convnext vit mixer encoder decoder seq2seq serve; do printf '%-10s %s\n' "$n" "$(workload "$n")"; done; exit 0
 fi
 out=${1:?usage: run_trials_proof.sh OUT_DIR WORKLOAD...}; shift
 mkdir -p "$out" "$RUNS_DIR"

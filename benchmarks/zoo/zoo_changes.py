@@ -11,7 +11,8 @@ import torch
 FLAGS = {  # gpudiag --try change -> this script's flag
     "compile": "--compile", "compile-graphs": "--compile-graphs", "fused-optimizer": "--fused-optimizer",
     "channels-last": "--channels-last", "tf32": "--tf32", "bf16-autocast": "--bf16-autocast",
-    "cudnn-benchmark": "--cudnn-benchmark",
+    "cudnn-benchmark": "--cudnn-benchmark", "half-weights": "--half-weights", "static-cache": "--static-cache",
+    "static-cache-compile": "--static-cache-compile",
 }
 
 

@@ -32,7 +32,8 @@ BLOCKED_FACTOR = 3.0
 # The others cut host work too (torch.compile, a fused optimizer, CUDA graphs, a larger batch).
 GPU_ONLY_RULES = {"GD-CHANNELS-LAST", "GD-FP32-UNDER-AUTOCAST", "GD-SMALL-GRID", "GD-GEMM-ALIGN", "GD-FP32-MATMUL",
                   "GD-UNFUSED-ATTENTION", "GD-ATTENTION-NOT-FLASH", "GD-UNFUSED-NORM", "GD-LOCAL-MEMORY",
-                  "GD-UNCOALESCED", "GD-LOW-OCCUPANCY", "GD-MULTI-STREAM", "GD-INFERENCE-QUANTIZATION"}
+                  "GD-UNCOALESCED", "GD-LOW-OCCUPANCY", "GD-MULTI-STREAM", "GD-INFERENCE-QUANTIZATION",
+                  "GD-HALF-WEIGHTS"}
 
 
 def host_ns_per_step(api: pd.DataFrame) -> float | None:

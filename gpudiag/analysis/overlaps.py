@@ -17,6 +17,8 @@ from __future__ import annotations
 
 TIME_ACTED_ON: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in {
     "GD-FP32-MATMUL": {"kernels:contraction"},
+    "GD-HALF-WEIGHTS": {"kernels:contraction", "kernels:memory"},  # bf16 GEMMs, half the bytes elsewhere
+    "GD-STATIC-KV-CACHE": {"kernels:memory", "idle:host"},  # the cache's copies; CUDA graphs of the decode step
     "GD-GEMM-ALIGN": {"kernels:contraction"},
     "GD-FP8-INFERENCE": {"kernels:contraction"},
     "GD-CUDNN-BENCHMARK": {"kernels:contraction"},

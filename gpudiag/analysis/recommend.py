@@ -20,6 +20,7 @@ from gpudiag.analysis.expert_rules import EXPERT_RULES
 from gpudiag.analysis.ncu_rules import NCU_RULES
 from gpudiag.analysis.families import COMMUNICATION, CONTRACTION_FAMILIES, kernel_label
 from gpudiag.analysis.host_floor import phase_host_ns, untraced_factor
+from gpudiag.analysis.inference_rules import INFERENCE_RULES
 from gpudiag.analysis.kernel_precision import math_paths_from_names
 from gpudiag.analysis.peaks import DevicePeaks
 from gpudiag.reports.labels import distinct_labels
@@ -38,6 +39,7 @@ class Recommendation:
     saving_percent_of_step: float | None = None
     saving_estimated: bool = True  # False: "not estimated" (0 ns), never silenced for its size
     throughput_gain: dict | None = None  # GD-BATCH-HEADROOM: batch factor -> samples/s factor
+    change_estimates: dict | None = None  # trial change -> its own predicted saving (ns/step), costs included
 
 
 @dataclass
@@ -73,6 +75,7 @@ class RuleContext:
     candidates: list[dict] = field(default_factory=list)
     bare_inflation_ns: float | None = None
     phase_host_ns: dict[str, float] = field(default_factory=dict)  # phase -> host time per step (gpudiag's ranges)
+    inference: dict | None = None  # steps are requests: step_mode, root_parameters (gpudiag.analysis.serving)
 
 
 def _top(df: pd.DataFrame, n_steps: int, k: int = 3) -> list[str]:
@@ -93,6 +96,8 @@ def fp32_matmul(ctx: RuleContext) -> Recommendation | None:
     """fp32 matrix math on the SIMT path (no tensor cores): compute-bound GEMM/conv kernels whose
     math path is fp32. Saving: their time x (1 - fp32 peak / bf16 peak), i.e. the same efficiency
     on the bf16 tensor-core roof; an upper bound, since the step may then become overhead-bound."""
+    if ctx.inference is not None:  # weights need no fp32 master copy: GD-HALF-WEIGHTS says more
+        return None
     k = ctx.km[ctx.km["family"].isin(CONTRACTION_FAMILIES)]
     # Without op shapes or ncu the math path comes from the kernel's name (kernel_precision), and
     # the class is a heuristic: such a kernel counts unless it is overhead-bound.
@@ -491,7 +496,7 @@ def inference_quantization(ctx: RuleContext) -> Recommendation | None:
 
 RULES = (fp32_matmul, gemm_alignment, overhead_bound, host_syncs, pageable_copies, input_stall, unfused_optimizer,
          unfused_attention, unfused_norm, small_grids, *NCU_RULES, multi_stream,
-         inference_quantization, *EXPERT_RULES)
+         inference_quantization, *INFERENCE_RULES, *EXPERT_RULES)
 
 
 # Issue 11: a recommendation whose estimated saving is under 0.5 % of the step is noise, not advice;

@@ -30,7 +30,7 @@ from gpudiag.analysis.compiled import attribute_compiled
 from gpudiag.analysis.compiled import summarize as summarize_compiled
 from gpudiag.analysis.launches import in_measured_steps, launch_counts
 from gpudiag.analysis.representative import apply_bare_run, compare_bare
-from gpudiag.analysis.serving import apply_requests
+from gpudiag.analysis.serving import apply_requests, rule_context
 from gpudiag.analysis.timeline import gpu_activities, idle_intervals, launch_stats, step_table, stream_gaps
 from gpudiag.sources import row_checks
 from gpudiag.sources.ncu import read_ncu
@@ -444,7 +444,8 @@ def _rule_context(status: dict | None, dev: pd.Series, compiled: dict, candidate
             "device_memory_bytes": report_tables.num(dev.get("total_memory_bytes")),
             "cudnn_benchmark": status.get("cudnn_benchmark"), "autocast_dtype": status.get("autocast_dtype"),
             "compiled": {**compiled, "dynamo": status.get("compile")} if compiled["graphs"] else None,
-            "candidates": candidates, "bare_inflation_ns": (bare or {}).get("inflation_ns")}
+            "candidates": candidates, "bare_inflation_ns": (bare or {}).get("inflation_ns"),
+            "inference": rule_context(status)}
 
 
 def _recommendations(km, detail, idle, runtime_api, api, memcpy, steps, measured_ids, n, step_ns,

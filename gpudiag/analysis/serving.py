@@ -30,7 +30,18 @@ def is_inference(status: dict | None) -> bool:
     ``backward()`` call recorded (no loss kept). False without a launcher status (an export)."""
     if not status or not status.get("step_mode"):
         return False
-    return status["step_mode"] in ("forward", "generate") or not status.get("losses")
+    # a status without the "losses" key predates their recording: nothing says it is inference
+    return status["step_mode"] in ("forward", "generate") or ("losses" in status and not status["losses"])
+
+
+def rule_context(status: dict | None) -> dict | None:
+    """What the inference rules read (``RuleContext.inference``): the step mode and the stepping
+    module's parameters (bytes, tensors, dtype); None for training runs and exports."""
+    if not is_inference(status):
+        return None
+    bare = status.get("bare_run") or {}
+    return {"step_mode": status.get("step_mode"),
+            "root_parameters": status.get("root_parameters") or bare.get("root_parameters")}
 
 
 def _step_times(run: dict, ids: list[int]) -> tuple[dict[int, float], str]:

@@ -30,6 +30,20 @@ MAX_FORWARDS_PER_STEP = 4096  # forward starts kept per generate() step (one per
 _local = threading.local()  # depth of module calls on this thread
 
 
+def root_parameters(module) -> dict | None:
+    """{"bytes", "tensors", "dtype"} of a module's floating-point parameters (each counted once:
+    tied weights are one tensor), or None for no module."""
+    if module is None:
+        return None
+    seen, total, dtype = set(), 0, None
+    for param in module.parameters():
+        if param.is_floating_point() and id(param) not in seen:
+            seen.add(id(param))
+            total += param.numel() * param.element_size()
+            dtype = dtype or str(param.dtype).removeprefix("torch.")
+    return {"bytes": total, "tensors": len(seen), "dtype": dtype}
+
+
 def _cuda_event():
     """A recorded (never waited on) CUDA timing event, or None without CUDA."""
     import torch
@@ -95,10 +109,14 @@ class CallSteps:
             self.counting = False
 
     # ---- hooks ------------------------------------------------------------------------------------
-    def post(self) -> None:
-        """At the end of every module call outside compiled code."""
+    def post(self, output) -> None:
+        """At the end of every module call outside compiled code: the end of an outermost call
+        hands its output to the window (kept by the bare run, to check trials' results)."""
         if self.counting:
-            _local.depth = max(getattr(_local, "depth", 1) - 1, 0)
+            depth = max(getattr(_local, "depth", 1) - 1, 0)
+            _local.depth = depth
+            if depth == 0 and self.state.config.bare and self.state.step_mode in ("forward", "generate"):
+                self.state.window.record_output(self.state.step_index, output)
 
     def pre(self, module) -> None:
         """At every module call outside compiled code (from the launcher's global forward hooks)."""
@@ -133,7 +151,7 @@ class CallSteps:
             self.counting = False
             return
         if self.mode in ("auto", "generate") and _inside_generate():
-            self._switch("generate")
+            self._switch("generate", module)
             return
         if self.mode == "generate":  # a forward outside generate(): not a step
             return
@@ -148,8 +166,10 @@ class CallSteps:
         self._switch("forward", module)
 
     def _switch(self, mode: str, root=None) -> None:
-        """Steps from now on come from ``mode``; this call is a step boundary."""
+        """Steps from now on come from ``mode``; this call is a step boundary. ``root``: the
+        outermost module (whose parameters the report's decode roofline reads)."""
         self.state.step_mode = mode
+        self.state.window.root_parameters = root_parameters(root)
         if mode == "generate":
             self.generating = True
             _wrap_generate(self)

@@ -44,6 +44,8 @@ class Window:
         self.startup_ns: int | None = None  # from the launcher's start to step 0's opening
         self.warmup_ns: int | None = None  # from step 0's opening to the first measured step's
         self.losses: dict[int, object] = {}  # step -> the detached scalar backward() was called on
+        self.outputs: dict[int, object] = {}  # step -> a sample of an inference step's first output
+        self.root_parameters: dict | None = None  # forward/generate steps: the stepping module's weights
         self.samples_per_step: int | None = None  # gpudiag.step(samples=N), else the first input's batch
         self._batch_hook = None
 
@@ -106,6 +108,32 @@ class Window:
                 continue
         return values
 
+    # -- outputs (inference) ----------------------------------------------------------------------
+    OUTPUT_STEPS = (1, 2, 3)  # the steps whose output is kept: the first after step 0 (see trials.results)
+    OUTPUT_SAMPLE = 1024  # elements kept per output: evenly strided over the flattened tensor
+
+    def record_output(self, step: int, output) -> None:
+        """Keep a strided sample (fp32 copy) of the first floating-point tensor of an outermost
+        forward's ``output`` (a tensor, tuple, or dict such as a Hugging Face ModelOutput) in the
+        steps of :data:`OUTPUT_STEPS`, first call of the step only. Inference has no loss: the
+        trials compare these instead. Two small copy kernels per kept step, in bare runs only."""
+        if self.closed or step not in self.OUTPUT_STEPS or step in self.outputs:
+            return
+        tensor = _first_float_tensor(output)
+        if tensor is not None:
+            flat = tensor.detach().reshape(-1)
+            stride = max(1, flat.numel() // self.OUTPUT_SAMPLE)
+            self.outputs[step] = flat[::stride][: self.OUTPUT_SAMPLE].float().clone()
+
+    def output_values(self) -> dict[str, list[float]]:
+        values = {}
+        for step, tensor in sorted(self.outputs.items()):
+            try:
+                values[str(step)] = [float(v) for v in tensor.cpu().tolist()]
+            except RuntimeError:
+                continue
+        return values
+
     # -- samples per step --------------------------------------------------------------------------
     def watch_batch(self, nn_module, torch) -> None:
         """Take the samples per step from dimension 0 of the first tensor passed positionally to a
@@ -134,7 +162,24 @@ class Window:
                 "run_to_end": self.config.run_to_end, "capture_range": self.config.capture_range,
                 "capture_started_step": self.capture_started_step, "window_start_unix_s": self.window_start_unix_s,
                 "samples_per_step": self.samples_per_step, "startup_ns": self.startup_ns,
-                "warmup_ns": self.warmup_ns, "losses": self.loss_values()}
+                "warmup_ns": self.warmup_ns, "losses": self.loss_values(), "outputs": self.output_values(),
+                "root_parameters": self.root_parameters}
+
+
+def _first_float_tensor(value, depth: int = 0):
+    """The first floating-point tensor in ``value`` (a tensor, tuple/list or dict), or None."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value if value.is_floating_point() and value.numel() else None
+    if depth > 3:
+        return None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    for item in items:
+        found = _first_float_tensor(item, depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 def _profiler(action: str) -> bool:

@@ -18,7 +18,10 @@ import threading
 import weakref
 
 CHANGES = ("compile", "compile-graphs", "fused-optimizer", "channels-last", "tf32", "bf16-autocast",
-           "cudnn-benchmark", "kernels")
+           "cudnn-benchmark", "kernels", "half-weights", "static-cache", "static-cache-compile")
+# Changes for inference only: half weights would break an optimizer's fp32 master weights, and a
+# static KV cache exists only in Hugging Face generate().
+INFERENCE_CHANGES = ("half-weights", "static-cache", "static-cache-compile")
 
 APPLIED: dict = {}
 
@@ -39,6 +42,9 @@ _NOTHING_FOUND = {
     "channels-last": "no root module with 4-D weights (convolutions) was called",
     "kernels": "no model gpudiag has kernels for (Hugging Face Llama/Mistral/Qwen2/GPT-2/BERT, timm Swin)",
     "bf16-autocast": "no root module was called",
+    "half-weights": "no root module with floating-point weights was called",
+    "static-cache": "no Hugging Face model with a generation_config was called",
+    "static-cache-compile": "no Hugging Face model with a generation_config was called",
 }
 
 
@@ -168,12 +174,69 @@ def _kernels(module) -> None:
         _applied(f"gpudiag.kernels.hf.apply({type(module).__name__}): {result['kernels']}")
 
 
+def _half_weights(module) -> None:
+    """The root's weights in bf16 (``module.to(torch.bfloat16)``), its float inputs cast to bf16
+    and its bf16 outputs back to the weights' former dtype, so the code around it runs unchanged.
+    Applied after the call in progress (its inputs are already fp32): from the next call on.
+    bf16, not fp16: the same tensor-core speed and fp32's range (no overflow to handle)."""
+    import torch
+
+    params = [p for p in module.parameters() if p.is_floating_point()]
+    if not params or params[0].dtype not in (torch.float32, torch.float64):
+        return
+    before = params[0].dtype
+
+    def cast(value, dtype, source):
+        if isinstance(value, torch.Tensor):
+            return value.to(dtype) if value.dtype == source else value
+        if isinstance(value, (tuple, list)) and not hasattr(value, "_fields"):
+            return type(value)(cast(v, dtype, source) for v in value)
+        if isinstance(value, dict):  # a Hugging Face ModelOutput is a dict: its keys stay, in place
+            for key in list(value.keys()):
+                value[key] = cast(value[key], dtype, source)
+        return value
+
+    def inputs(_module, args, kwargs):
+        return cast(args, torch.bfloat16, before), cast(kwargs, torch.bfloat16, before)
+
+    def outputs(_module, _args, output):
+        return cast(output, before, torch.bfloat16)
+
+    def convert(mod, _args, _output):
+        handle.remove()
+        mod.to(torch.bfloat16)
+        mod.register_forward_pre_hook(inputs, with_kwargs=True)
+        mod.register_forward_hook(outputs)
+
+    handle = module.register_forward_hook(convert)
+    _applied(f"{type(module).__name__}.to(torch.bfloat16), float inputs cast to bf16 and outputs back to {before}")
+
+
+def _static_cache(module, compiled: bool) -> None:
+    """``generation_config.cache_implementation = "static"`` on a Hugging Face model (its next
+    generate() calls). transformers compiles the decoding forward by itself when the cache is
+    static (generate()'s automatic compilation): ``static-cache`` turns that off to measure the
+    cache alone (``generation_config.disable_compile = True``), ``static-cache-compile`` keeps it."""
+    config = getattr(module, "generation_config", None)
+    if config is None:
+        return
+    config.cache_implementation = "static"
+    config.disable_compile = not compiled
+    _applied(f"{type(module).__name__}.generation_config.cache_implementation = 'static'"
+             + ("" if compiled else "; generation_config.disable_compile = True"))
+    APPLIED["form"] = ("a static KV cache; generate() compiles the decoding step by itself" if compiled
+                       else "a static KV cache with generate()'s automatic compilation turned off")
+
+
 _ROOT_CHANGES = {
     "compile": _compile,
     "compile-graphs": lambda m: _compile(m, "reduce-overhead"),
     "channels-last": _channels_last,
     "bf16-autocast": _bf16_autocast,
     "kernels": _kernels,
+    "half-weights": _half_weights,
+    "static-cache": lambda m: _static_cache(m, compiled=False),
+    "static-cache-compile": lambda m: _static_cache(m, compiled=True),
 }
 
 

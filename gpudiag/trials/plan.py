@@ -16,6 +16,8 @@ RULE_CHANGES = {
     "GD-CUDNN-BENCHMARK": ("cudnn-benchmark",),
     "GD-UNFUSED-NORM": ("kernels", "compile"),
     "GD-SMALL-GRID": ("compile-graphs",),
+    "GD-HALF-WEIGHTS": ("half-weights", "tf32", "bf16-autocast"),
+    "GD-STATIC-KV-CACHE": ("static-cache-compile", "static-cache"),
 }
 
 # Model classes gpudiag.kernels has fused kernels for (hf.apply, timm_swin.apply), as the report's
@@ -63,15 +65,22 @@ def blocked(change: str, report: dict, status: dict) -> str | None:
         return "the script already sets torch.backends.cudnn.benchmark"
     if change == "kernels" and not _kernel_model(report):
         return "no model gpudiag.kernels has fused kernels for"
+    inference = report.get("inference")
+    if change == "half-weights" and not inference:
+        return "a training run: bf16 weights would drop the optimizer's fp32 master weights (use bf16-autocast)"
+    if change.startswith("static-cache") and (inference or {}).get("step_mode") != "generate":
+        return "no generate() steps: a static KV cache is a generate() setting"
     return None
 
 
 def predictions(report: dict) -> dict[str, dict]:
-    """change -> {"predicted_saving_ns": the largest saving of a rule that names it, "rule_id"}."""
+    """change -> {"predicted_saving_ns": the largest saving of a rule that names it (the rule's own
+    estimate for that change, ``change_estimates``, where it gives one), "rule_id"}."""
     out: dict[str, dict] = {}
     for rec in report.get("recommendations") or []:
+        own = rec.get("change_estimates") or {}
         for change in RULE_CHANGES.get(rec.get("rule_id"), ()):
-            saving = float(rec.get("saving_ns_per_step") or 0.0)
+            saving = float(own.get(change, rec.get("saving_ns_per_step")) or 0.0)
             if change not in out or saving > out[change]["predicted_saving_ns"]:
                 out[change] = {"predicted_saving_ns": saving, "rule_id": rec["rule_id"]}
     kernel_saving = sum(float(c.get("saving_ns_per_step") or 0.0) for c in report.get("fusion_candidates") or []

@@ -5,7 +5,8 @@ at the step boundaries (``step_gpu_ns``), else host wall-clock time (``step_wall
 bare run's representativeness check times them (METHOD.md: CUDA events after warm-up, median).
 
 Result check: the value ``backward()`` was called on (the loss) at the first step after step 0
-that both runs recorded. By then every change has acted on a forward pass (a compiled root module
+that both runs recorded; for inference (no loss), a sample of the outermost forward's first
+output at that step (:func:`output_difference`). By then every change has acted on a forward pass (a compiled root module
 runs compiled from its second call) and the runs differ by at most one optimizer update. A
 relative difference over the tolerance of the trial's math path marks it "changes results".
 """
@@ -38,7 +39,7 @@ def math_path(autocast_dtype: str | None, change: str) -> str:
     it: the bare runs do not hook forwards), the change's own (tf32, bf16)."""
     paths = {"bfloat16": "bf16", "float16": "fp16"}
     path = paths.get(autocast_dtype or "off", "fp32")
-    if change == "bf16-autocast":
+    if change in ("bf16-autocast", "half-weights"):
         path = "bf16"
     elif change == "tf32" and path == "fp32":
         path = "tf32"
@@ -63,6 +64,25 @@ def loss_difference(baseline: dict, trial: dict) -> dict | None:
     x, y = float(a[str(step)]), float(b[str(step)])
     rel = abs(y - x) / max(abs(x), 1e-12) if x == x and y == y else float("inf")  # NaN: differs
     return {"step": step, "baseline": x, "trial": y, "relative": rel}
+
+
+def output_difference(baseline: dict, trial: dict) -> dict | None:
+    """For inference runs (no loss): the kept output samples (``outputs``, gpudiag.capture.window)
+    at the first step both runs kept: {"step", "max_abs", "relative"} with relative = max |a − b| ÷
+    max |a| (scaled by the output's own magnitude: an element near zero does not blow it up);
+    None when they share no step or the samples differ in size."""
+    a, b = baseline.get("outputs") or {}, trial.get("outputs") or {}
+    common = sorted(int(k) for k in set(a) & set(b))
+    if not common:
+        return None
+    step = common[0]
+    x, y = a[str(step)], b[str(step)]
+    if len(x) != len(y) or not x:
+        return None
+    max_abs = max(abs(u - v) for u, v in zip(x, y))
+    scale = max(abs(u) for u in x)
+    rel = max_abs / max(scale, 1e-12) if max_abs == max_abs else float("inf")  # NaN: differs
+    return {"step": step, "max_abs": max_abs, "relative": rel, "compared": "outputs"}
 
 
 def deterministic(bare: dict, profiled: dict) -> bool | None:
@@ -117,14 +137,16 @@ def trial_result(entry: dict, baseline: dict, trial: dict, code: int | None, ela
     if trial.get("window_start_unix_s") and trial.get("started_unix_s"):
         out["warmup_s"] = round(trial["window_start_unix_s"] - trial["started_unix_s"], 1)
     # other arguments (a larger batch) compute another loss: nothing to compare
-    diff = None if entry["change"].startswith("args:") else loss_difference(baseline, trial)
+    diff = None if entry["change"].startswith("args:") else (loss_difference(baseline, trial)
+                                                              or output_difference(baseline, trial))
     status = "measured"
     if diff is not None:
         tolerance = TOLERANCE[math_path(autocast_dtype, entry["change"])]
         diff["tolerance"] = tolerance
         out["result_difference"] = diff
         if comparable is False:
-            diff["note"] = "the script's loss differs between two plain runs (unseeded?): not checked"
+            diff["note"] = (f"the script's {'outputs differ' if diff.get('compared') == 'outputs' else 'loss differs'} "
+                            "between two plain runs (unseeded?): not checked")
         elif diff["relative"] > tolerance:
             status = "changes results"
     return out | {"status": status}

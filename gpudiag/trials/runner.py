@@ -91,6 +91,9 @@ def run_trials(script: Path | str, script_args: list[str], run_dir: Path, config
             autocast_dtype=profiled_status.get("autocast_dtype"))))
     later = _second_baseline(script, script_args, run_dir, config, budget_s - (time.monotonic() - start))
     reference, note = reference_baseline(baseline, later)
+    if comparable is None and later is not None:  # inference: the two baselines' outputs say it
+        diff = results.output_difference(baseline, later)
+        comparable = None if diff is None else diff["relative"] <= results.TOLERANCE["fp32"]
     echo(f"[try] {note}")
     records = []
     for entry, status, code, elapsed, timed_out in runs:
@@ -127,6 +130,7 @@ def reference_baseline(first: dict, later: dict | None) -> tuple[dict, str]:
                        "the later one is used (the first run after a capture runs slow)")
     field = "step_gpu_ns" if key == "CUDA events" else "step_wall_ns"
     pooled = {"warmup_steps": 0, "window_steps": None, "losses": first.get("losses") or {},
+              "outputs": first.get("outputs") or {},
               "samples_per_step": first.get("samples_per_step"),
               field: {str(i): v for i, v in enumerate([*times_a, *times_b])}}
     return pooled, f"baselines before and after the trials ({a / 1e6:.2f} / {b / 1e6:.2f} ms), their steps together"
