@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpudiag.analysis import gate
-from gpudiag.analysis.serving import is_inference, request_metrics
+from gpudiag.analysis.serving import decode_floor, is_inference, request_metrics
 from gpudiag.capture.instrument import CaptureConfig
 
 pytest.importorskip("torch")
@@ -59,6 +59,26 @@ def test_generate_gives_ttft_tpot_and_tokens_per_second(tmp_path):
     assert gen["tpot_ns"] == pytest.approx(sorted(tpot)[1])
     assert gen["tokens_per_s"] == pytest.approx(sorted(rate)[1])
     assert gen["tokens_per_step"] == 10 and gen["ttft_ns"] < inf["latency_ns"]["p50"]
+    # the decode roofline: GPT-2 (1 layer, 2 heads of 32/2, fp32) keeps 2 x 1 x 2 x 16 x 4 bytes of
+    # K and V per position; 2 prompts of 4 tokens, 5 new: mean context 4 + 2.5 positions
+    params = status["root_parameters"]
+    n_params = sum(p.numel() for p in _gpt2().parameters())  # tied embeddings counted once, as torch does
+    assert params == {"bytes": 4 * n_params, "tensors": len(list(_gpt2().parameters())), "dtype": "float32",
+                      "kv_bytes_per_position": 256}
+    assert status["first_input_shape"] == [2, 4]
+    roof = decode_floor(gen, {"bare_run": status}, 2e12)
+    expected_bytes = 4 * n_params + 2 * (4 + 2.5) * 256
+    assert roof["bytes"] == pytest.approx(expected_bytes) and roof["kv_included"]
+    assert roof["floor_ns"] == pytest.approx(expected_bytes / 2e12 * 1e9)
+    assert roof["tpot_over_floor"] == pytest.approx(gen["tpot_ns"] / roof["floor_ns"])
+
+
+def _gpt2():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64))
 
 
 def test_training_is_not_read_per_request(tmp_path):

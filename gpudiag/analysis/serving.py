@@ -110,9 +110,34 @@ def request_metrics(status: dict | None, measured_ids: list[int]) -> dict | None
     }
 
 
+def decode_floor(generation: dict, status: dict, bandwidth: float | None) -> dict | None:
+    """The decode step against the memory roofline: the bytes one output token must read (the
+    weights, plus the KV cache at the mean context length, prompt + half the new tokens, for each
+    sequence: Hugging Face decoder-only configs only) ÷ the HBM bandwidth (bytes/s). Returns
+    {"floor_ns", "bytes", "kv_included", "tpot_over_floor"}; None without the weights' size."""
+    params = (status or {}).get("root_parameters") or ((status or {}).get("bare_run") or {}).get("root_parameters")
+    if not params or not params.get("bytes") or not bandwidth:
+        return None
+    total, kv = float(params["bytes"]), params.get("kv_bytes_per_position")
+    shape = (status or {}).get("first_input_shape") or ((status or {}).get("bare_run") or {}).get("first_input_shape")
+    sequences = generation.get("sequences_per_step") or 1
+    new = generation["tokens_per_step"] / sequences
+    if kv and shape and len(shape) >= 2:
+        total += sequences * (shape[1] + new / 2) * kv
+    floor = total / bandwidth * 1e9
+    return {"floor_ns": floor, "bytes": total, "kv_included": bool(kv and shape and len(shape) >= 2),
+            "tpot_over_floor": generation["tpot_ns"] / floor if floor else None}
+
+
 def apply_requests(report: dict) -> dict:
     """Adds ``inference`` (:func:`request_metrics`) to ``report`` (whose ``script`` is the
-    launcher's status and ``steps.per_step`` the measured steps); returns the report."""
+    launcher's status and ``steps.per_step`` the measured steps), with the decode roofline
+    (:func:`decode_floor`) for generate() runs; returns the report."""
     ids = [int(s["step"]) for s in (report.get("steps") or {}).get("per_step", []) if s.get("measured")]
-    report["inference"] = request_metrics(report.get("script"), ids)
+    inference = request_metrics(report.get("script"), ids)
+    if inference and inference.get("generation"):
+        bandwidth = (report.get("device") or {}).get("memory_bandwidth_bytes_per_s")
+        inference["generation"]["decode_roofline"] = decode_floor(inference["generation"], report.get("script"),
+                                                                  bandwidth)
+    report["inference"] = inference
     return report

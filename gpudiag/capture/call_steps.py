@@ -41,7 +41,23 @@ def root_parameters(module) -> dict | None:
             seen.add(id(param))
             total += param.numel() * param.element_size()
             dtype = dtype or str(param.dtype).removeprefix("torch.")
-    return {"bytes": total, "tensors": len(seen), "dtype": dtype}
+    return {"bytes": total, "tensors": len(seen), "dtype": dtype,
+            "kv_bytes_per_position": _kv_bytes_per_position(getattr(module, "config", None), dtype)}
+
+
+def _kv_bytes_per_position(config, dtype: str | None) -> int | None:
+    """Bytes of KV cache per position of one sequence for a Hugging Face decoder-only config: 2 (K
+    and V) × layers × key/value heads × head size × element size; None for other models."""
+    try:
+        if getattr(config, "is_encoder_decoder", False):
+            return None
+        layers, heads, hidden = config.num_hidden_layers, config.num_attention_heads, config.hidden_size
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+    except (AttributeError, TypeError, ZeroDivisionError):
+        return None
+    size = {"float32": 4, "float64": 8}.get(dtype or "", 2)
+    return int(2 * layers * kv_heads * head_dim * size)
 
 
 def _cuda_event():

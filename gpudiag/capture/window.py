@@ -46,6 +46,7 @@ class Window:
         self.losses: dict[int, object] = {}  # step -> the detached scalar backward() was called on
         self.outputs: dict[int, object] = {}  # step -> a sample of an inference step's first output
         self.root_parameters: dict | None = None  # forward/generate steps: the stepping module's weights
+        self.first_input_shape: list[int] | None = None  # of the tensor samples_per_step was read from
         self.samples_per_step: int | None = None  # gpudiag.step(samples=N), else the first input's batch
         self._batch_hook = None
 
@@ -150,6 +151,7 @@ class Window:
             first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 1), None)
             if first is not None and self.samples_per_step is None:
                 self.samples_per_step = int(first.shape[0])
+                self.first_input_shape = [int(d) for d in first.shape]
             if (first is not None or calls[0] >= 1000) and self._batch_hook is not None:
                 self._batch_hook.remove()
                 self._batch_hook = None
@@ -163,7 +165,7 @@ class Window:
                 "capture_started_step": self.capture_started_step, "window_start_unix_s": self.window_start_unix_s,
                 "samples_per_step": self.samples_per_step, "startup_ns": self.startup_ns,
                 "warmup_ns": self.warmup_ns, "losses": self.loss_values(), "outputs": self.output_values(),
-                "root_parameters": self.root_parameters}
+                "root_parameters": self.root_parameters, "first_input_shape": self.first_input_shape}
 
 
 def _first_float_tensor(value, depth: int = 0):

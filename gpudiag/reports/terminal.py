@@ -187,6 +187,11 @@ def request_lines(result: dict) -> list[str]:
         lines.append(f"generate(): time to first token {fmt_ns(gen['ttft_ns'])}, time per output token "
                      f"{fmt_ns(gen['tpot_ns'])}, {gen['tokens_per_s']:.0f} tokens/s "
                      f"({gen['tokens_per_step']:.0f} tokens per call)")
+        roof = gen.get("decode_roofline")
+        if roof:
+            lines.append(f"decode against the memory roofline: {fmt_ns(roof['floor_ns'])} per token to read "
+                         f"{roof['bytes'] / 2**20:.0f} MiB (weights{' and KV cache' if roof['kv_included'] else ''}) "
+                         f"at the HBM bandwidth; time per output token is {roof['tpot_over_floor']:.1f}x that")
     return lines
 
 
