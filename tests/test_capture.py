@@ -180,6 +180,11 @@ def test_summary_reports_optimizer_mode_and_completed_steps(optimizer_capture):
     window = {k: summary.pop(k) for k in ("window_steps", "window_complete", "run_to_end", "capture_range",
                                           "capture_started_step", "window_start_unix_s", "steps_regex")}
     assert summary.pop("samples_per_step") == 5  # the batch: dimension 0 of the first module input
+    assert summary.pop("first_input_shape") == [5, 4]  # the tensor that batch was read from: x of (5, 4)
+    # start-up before step 0 and the warm-up step before the first measured one: host times
+    assert summary.pop("startup_ns") > 0 and summary.pop("warmup_ns") > 0
+    # training: no inference outputs kept, no stepping module (steps come from the optimizer)
+    assert summary.pop("outputs") == {} and summary.pop("root_parameters") is None
     assert window["window_steps"] is None and window["window_complete"] is False and window["capture_range"] is False
     assert window["steps_regex"] is None and window["window_start_unix_s"] is not None  # step 1 opened
     assert summary == {"step_mode": "optimizer", "steps_completed": 4, "detail_step": 1, "warmup_steps": 1,
