@@ -129,3 +129,53 @@ def test_forward_steps_of_a_compiled_model_add_no_graph(tmp_path, bare):
     assert result(proc.stdout) == result(plain.stdout)
     assert result(plain.stdout)["unique_graphs"] == 1 and result(plain.stdout)["recompiles"] == 0
     assert status["step_mode"] == "forward" and status["steps_completed"] >= 4
+
+
+HOOK_COUNT = """
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+with torch.no_grad():
+    while True:
+        model(torch.randn(3, 8)).tolist()
+        print("global hooks", len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks), flush=True)
+"""
+
+
+def test_the_bare_run_times_requests_without_global_hooks(tmp_path):
+    """Once the stepping module is known, the bare run hooks it alone: PyTorch's slow call path
+    for every module (what global hooks cost) stays out of the timed requests."""
+    proc, status = launch(tmp_path, HOOK_COUNT, CaptureConfig(warmup_steps=1, window_steps=3, bare=True))
+    assert proc.returncode == 0, proc.stderr
+    counts = [line.split()[2:] for line in proc.stdout.splitlines() if line.startswith("global hooks")]
+    assert counts[0] != ["0", "0"] and counts[-1] == ["0", "0"]  # undecided at the first request only
+    assert status["step_mode"] == "forward" and {"1", "2", "3"} <= set(status["step_wall_ns"])
+
+
+SEQ2SEQ = """
+import torch
+from transformers import BartConfig, BartForConditionalGeneration
+
+torch.manual_seed(0)
+model = BartForConditionalGeneration(BartConfig(vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1,
+    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+    max_position_embeddings=64, forced_bos_token_id=None)).eval()
+model.generation_config.pad_token_id = 1
+ids = torch.randint(3, 64, (2, 6))
+with torch.no_grad():
+    while True:
+        model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=1)
+"""
+
+
+def test_seq2seq_generate_marks_the_decoder_forwards_not_the_encoder(tmp_path):
+    pytest.importorskip("transformers")
+    proc, status = launch(tmp_path, SEQ2SEQ, CaptureConfig(warmup_steps=2, window_steps=2, bare=True))
+    assert proc.returncode == 0, proc.stderr
+    assert status["step_mode"] == "generate"
+    # generate() calls the encoder once, then the model once per new token: 4 marks per call
+    for k in ("2", "3"):
+        assert len(status["generate_forwards"][k]["wall_ns"]) == 4
+    assert status["root_parameters"]["kv_bytes_per_position"] is None  # encoder-decoder: not modelled

@@ -324,7 +324,7 @@ def _forward_hook(module, args, output):
     if not state.config.bare and state.config.module_ranges and not _compiler_artifact(module):
         state.nvtx.pop()
     if state.call_steps is not None:
-        state.call_steps.post(output)
+        state.call_steps.post(module, output)
     return None
 
 
