@@ -120,3 +120,18 @@ def test_a_tail_regression_is_caught_at_p90_where_the_median_holds():
                                            gate.inference_metrics(_inference(tail)["inference"]), gate.GateConfig())}
     assert cmp["latency_p90"].current_median == pytest.approx(20e6)
     assert cmp["latency_p90"].verdict in ("regression", "warning")
+
+
+def test_the_profiled_status_keeps_what_the_bare_run_measured_for_requests(tmp_path):
+    """gpudiag profile attaches the bare run to the profiled status (cli.profile._keep_bare_run):
+    everything the per-request section reads must survive it (a subset once lost TTFT/TPOT)."""
+    pytest.importorskip("transformers")
+    from gpudiag.cli.profile import _keep_bare_run
+
+    proc, bare = launch(tmp_path, GENERATE, CaptureConfig(warmup_steps=2, window_steps=3, bare=True))
+    assert proc.returncode == 0, proc.stderr
+    profiled = {"step_mode": "generate", "losses": {}}
+    _keep_bare_run(bare, tmp_path, profiled)
+    direct = request_metrics({"step_mode": "generate", "bare_run": bare}, [2, 3, 4])
+    kept = request_metrics(profiled, [2, 3, 4])
+    assert kept == direct and kept["generation"] is not None and kept["startup_ns"] == bare["startup_ns"] > 0

@@ -63,6 +63,7 @@ def build(kind: str, batch: int | None, device: torch.device):
         import timm
 
         model = timm.create_model("mixer_b16_224", pretrained=False, num_classes=1000)
+        torch.nn.init.normal_(model.head.weight, std=0.02)  # timm zero-initialises it: outputs would all be 0
         x = torch.randn(batch or 32, 3, 224, 224, generator=g)
         return model, (x,), lambda m, a: m(*a).argmax(1).tolist()
     if kind == "serve":

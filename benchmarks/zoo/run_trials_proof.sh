@@ -38,7 +38,7 @@ for name in "$@"; do
   start=$(date +%s)
   $PYTHON -m gpudiag profile "$script" -o "$run" --force ${PROFILE_OPTS:-} -- "${args[@]}" > "$dir/profile.log" 2>&1
   echo "exit $? wall_s $(( $(date +%s) - start ))" >> "$dir/profile.log"
-  cp "$run"/report.json "$run"/script_status.json "$run"/gpudiag.log "$dir"/ 2>/dev/null
+  cp "$run"/report.json "$run"/script_status.json "$run"/bare_status.json "$run"/gpudiag.log "$dir"/ 2>/dev/null
   cp "$run"/trial_*.json "$dir"/ 2>/dev/null
   [ -f "$run/profile.sqlite" ] && xz -T0 -c "$run/profile.sqlite" > "$dir/profile.sqlite.xz"
   changes=$($PYTHON -c "import json,sys; print(' '.join(t['change'] for t in json.load(open(sys.argv[1])).get('trials') or []))" "$run/report.json" 2>/dev/null)

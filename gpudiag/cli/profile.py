@@ -113,11 +113,17 @@ def _verify(run_dir: Path, echo) -> None:
         echo("--verify: no fusion candidate with a reference kernel in this run")
 
 
+# What the analysis reads of the bare run: step times, and for inference (gpudiag.analysis.serving)
+# its start-up, warm-up, batch, generate() forwards and the stepping module's weights.
+BARE_KEYS = ("exit_code", "exception", "steps_completed", "step_wall_ns", "step_gpu_ns", "step_mode",
+             "warmup_steps", "startup_ns", "warmup_ns", "samples_per_step", "generate_forwards",
+             "root_parameters", "first_input_shape")
+
+
 def _keep_bare_run(bare: dict, run_dir: Path, status: dict) -> None:
     """The bare run's step times join the script's status (in memory and in script_status.json) as
     ``bare_run``, where the analysis finds them."""
-    status["bare_run"] = {k: bare.get(k) for k in ("exit_code", "exception", "steps_completed", "step_wall_ns",
-                                                    "step_gpu_ns")}
+    status["bare_run"] = {k: bare.get(k) for k in BARE_KEYS}
     (run_dir / STATUS_NAME).write_text(json.dumps(status, indent=1))
 
 

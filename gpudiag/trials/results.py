@@ -81,6 +81,9 @@ def output_difference(baseline: dict, trial: dict) -> dict | None:
         return None
     max_abs = max(abs(u - v) for u, v in zip(x, y))
     scale = max(abs(u) for u in x)
+    if scale == 0 and max_abs == 0:  # e.g. a zero-initialised classifier head: nothing to compare
+        return {"step": step, "max_abs": 0.0, "relative": 0.0, "compared": "outputs",
+                "note": "the output sample is all zeros in both runs (a zero-initialised head?): results not checked"}
     rel = max_abs / max(scale, 1e-12) if max_abs == max_abs else float("inf")  # NaN: differs
     return {"step": step, "max_abs": max_abs, "relative": rel, "compared": "outputs"}
 
