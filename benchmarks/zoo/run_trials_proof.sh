@@ -53,4 +53,6 @@ for name in "$@"; do
     printf '%s\t%s\n' "$variant" "${ms:-failed}" >> "$dir/hand.tsv"
   done
   echo "== $name: trials [$changes]"; cat "$dir/hand.tsv"; tail -3 "$dir/profile.log"
+  # on the device machine ($OUT comes back even when a later workload runs past the call's limit)
+  [ -n "${OUT:-}" ] && [ -d "$OUT" ] && tar czf "$OUT/$name.tgz" -C "$out" "$name"
 done
