@@ -179,3 +179,30 @@ def test_seq2seq_generate_marks_the_decoder_forwards_not_the_encoder(tmp_path):
     for k in ("2", "3"):
         assert len(status["generate_forwards"][k]["wall_ns"]) == 4
     assert status["root_parameters"]["kv_bytes_per_position"] is None  # encoder-decoder: not modelled
+
+
+CALL_TARGET = """
+import json
+import torch
+from torch import nn
+
+model = nn.Linear(4, 2).eval()
+with torch.no_grad():
+    for i in range(100):
+        json.dumps(model(torch.randn(3, 4)).tolist())  # the "request handler" named by --steps-from
+"""
+
+
+def test_steps_from_a_named_function(tmp_path):
+    proc, status = launch(tmp_path, CALL_TARGET, CaptureConfig(steps_from="call:json.dumps", warmup_steps=1,
+                                                                window_steps=3, bare=True))
+    assert proc.returncode == 0, proc.stderr
+    assert status["step_mode"] == "call" and status["stopped_after_window"] == 4
+
+
+@pytest.mark.parametrize("target,message", [("call:json.no_such_function", "not a function"),
+                                            ("call:nomodule_xyz.handler", "no importable module"),
+                                            ("call:handler", "use call:package.module.function")])
+def test_a_bad_call_target_is_one_clear_error(tmp_path, target, message):
+    proc, status = launch(tmp_path, CALL_TARGET, CaptureConfig(steps_from=target, bare=True))
+    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr

@@ -277,3 +277,39 @@ def _wrap_generate(tracker: CallSteps) -> None:
     generate.__wrapped__ = original
     generate.__doc__ = original.__doc__
     mixin.generate = generate
+
+
+def wrap_call_target(target: str, step) -> None:
+    """``--steps-from call:package.module.function`` (or ``.Class.method``): each call of it starts
+    a step (``step()``, the launcher's step boundary, runs at its entry). The longest importable
+    prefix of ``target`` is imported before the script runs. Raises ValueError naming what could
+    not be found (a function of the script itself cannot be reached before it runs: call
+    ``gpudiag.step()`` in it instead)."""
+    import functools
+    import importlib
+
+    parts = target.split(".")
+    owner, rest = None, []
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner, rest = importlib.import_module(".".join(parts[:cut])), parts[cut:]
+            break
+        except ImportError:
+            continue
+    if owner is None:
+        raise ValueError(f"--steps-from call:{target}: no importable module in it (a function of the script itself: "
+                         "call gpudiag.step() at the end of each step instead)")
+    for name in rest[:-1]:
+        owner = getattr(owner, name, None)
+        if owner is None:
+            raise ValueError(f"--steps-from call:{target}: {name!r} not found")
+    original = getattr(owner, rest[-1], None)
+    if not callable(original):
+        raise ValueError(f"--steps-from call:{target}: {rest[-1]!r} is not a function of {owner!r}")
+
+    @functools.wraps(original)
+    def stepped(*args, **kwargs):
+        step()
+        return original(*args, **kwargs)
+
+    setattr(owner, rest[-1], stepped)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from gpudiag import nvtx_names
 from gpudiag.capture import dynamo_stats
 from gpudiag.capture.op_ranges import NullNvtx, _make_op_mode, default_nvtx
-from gpudiag.capture.call_steps import CallSteps, generate_summary
+from gpudiag.capture.call_steps import CallSteps, generate_summary, wrap_call_target
 from gpudiag.capture.user_ranges import wrap_user_nvtx
 from gpudiag.capture.window import Window
 
@@ -392,13 +392,18 @@ def detect_step_mode(config: CaptureConfig, script_source: str) -> str:
         return "call" if re.search(r"\bgpudiag\.step\(|\bfrom gpudiag import step\b", script_source) else "optimizer"
     if value in ("optimizer", "call", "forward", "generate"):
         return value
+    if value.startswith("call:"):
+        if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", value[5:]):
+            raise ValueError(f"--steps-from {value!r}: use call:package.module.function (or .Class.method)")
+        return "call"
     if value.startswith("nvtx:"):
         try:
             re.compile(value[5:])
         except re.error as exc:  # re.error is not a ValueError
             raise ValueError(f"--steps-from {value!r}: invalid regular expression ({exc})") from None
         return "nvtx"
-    raise ValueError(f"unknown --steps-from {value!r}: use auto, optimizer, call, forward, generate or nvtx:REGEX")
+    raise ValueError(f"unknown --steps-from {value!r}: use auto, optimizer, call, call:module.function, forward, "
+                     "generate or nvtx:REGEX")
 
 
 def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State:
@@ -415,6 +420,8 @@ def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State
         nvtx = NullNvtx()
     state = _State(config=config, nvtx=nvtx or default_nvtx(), window=Window(config))
     state.step_mode = detect_step_mode(config, script_source)
+    if config.steps_from.startswith("call:"):
+        wrap_call_target(config.steps_from[5:], user_step)
     if state.step_mode == "nvtx":
         state.step_regex = re.compile(config.steps_from[5:])
         wrap_user_nvtx(state, torch)

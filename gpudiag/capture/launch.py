@@ -83,7 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         source = f.read()
     status = {"script": os.path.basename(ns.script), "args": ns.args, "exit_code": None,
               "exception": None, "traceback": None, "started_unix_s": time.time()}
-    state = instrument.install(config, source)
+    try:
+        state = instrument.install(config, source)
+    except ValueError as exc:  # e.g. --steps-from call:TARGET that cannot be found: the user's to fix
+        print(f"gpudiag: {exc}", file=sys.stderr)
+        status.update(exit_code=2, exception=f"ValueError: {exc}")
+        with open(ns.status, "w", encoding="utf-8") as f:
+            json.dump(status, f, indent=1)
+        return 2
     if config.trial:  # a trial run: the change is applied here, in the user's process, before the script runs
         from gpudiag.trials import changes
 

@@ -19,7 +19,8 @@ def analysis_options(func):
 
     @click.option("--steps-from", default=None, metavar="SOURCE",
                   help="Where steps come from: auto, optimizer, forward (each call of the outermost model), "
-                       "generate (each generate() call), call (gpudiag.step()) or nvtx:REGEX (the user's own "
+                       "generate (each generate() call), call (gpudiag.step()), call:package.module.function (each "
+                       "call of that function) or nvtx:REGEX (the user's own "
                        "NVTX ranges whose text matches REGEX). auto: gpudiag.step() or step ranges, then the "
                        "optimizer, then generate(), then forward calls.")
     @click.option("--warmup-steps", type=click.IntRange(min=0), default=None,
