@@ -233,3 +233,21 @@ def test_args_trial_is_compared_per_sample(tmp_path):
     assert record["baseline_step_ns"] == pytest.approx(statistics.median(step_b) / 5)
     assert record["trial_step_ns"] == pytest.approx(statistics.median(step_w) / 10)
     assert plan.parse_try("compile,args:--batch 64,--lr 1e-3") == ["compile", "args:--batch 64,--lr 1e-3"]
+
+
+def test_a_saving_inside_the_unchanged_scripts_spread_is_called_noise():
+    """Three runs of the unchanged serving loop on the H100 (tests/fixtures/trials/serve_h100
+    statuses: bare run before the capture 4.89 ms, trials' baseline 7.92 ms) are 62 % apart; a
+    trial saving under that spread is flagged, one above it is not."""
+    from gpudiag.trials.runner import spread_fields, unchanged_runs
+
+    def run(ms):
+        return {"warmup_steps": 0, "window_steps": None, "step_gpu_ns": {str(i): ms * 1e6 for i in range(5)}}
+
+    runs = unchanged_runs(run(4.89), run(7.92), None)
+    assert runs == [4.89e6, 7.92e6]
+    spread = (7.92 - 4.89) / 4.89
+    assert spread_fields({"saving_percent": 30.0}, runs, spread)["within_spread"] is True
+    assert spread_fields({"saving_percent": 83.0}, runs, spread)["within_spread"] is False
+    assert spread_fields({"saving_percent": 30.0, "per": "sample"}, runs, spread)["within_spread"] is None
+    assert unchanged_runs(None, run(5.0), {"step_gpu_ns": {}}) == [5.0e6]

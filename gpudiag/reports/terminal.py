@@ -87,6 +87,7 @@ def render_trials(result: dict, console: Console | None = None) -> None:
         table.add_column(col, justify="left" if col in ("change", "status") else "right")
     for t in trials:
         status = t["status"] + (" (time per sample)" if t.get("per") == "sample" else "") + (
+            " (within run-to-run spread)" if t.get("within_spread") else "") + (
             f": {t['error']}" if t.get("error") else "")
         saving = "–" if t.get("saving_ns") is None else f"{fmt_ns(t['saving_ns'])} ({fmt_pct(t['saving_percent'])})"
         table.add_row(Text(t["change"]), Text(status), fmt_ns(t.get("baseline_step_ns")),
