@@ -89,6 +89,26 @@ def _rank_ids(status: dict | None) -> dict[int, dict]:
     return out
 
 
+def bare_by_rank(status: dict | None) -> dict[int, float]:
+    """rank -> median step time (ns) of that rank in the run without the profiler (the bare run's
+    ``ranks``: statuses the ranks wrote, gpudiag.capture.rank_hook): CUDA events where recorded,
+    else host time, over the steps after the warm-up. Ranks are matched by rank, not pid: the
+    bare run's processes are others."""
+    import statistics
+
+    out = {}
+    for entry in ((status or {}).get("bare_run") or {}).get("ranks") or []:
+        if not isinstance(entry, dict) or entry.get("rank") is None:
+            continue
+        warmup = int(entry.get("warmup_steps") or 0)
+        for key in ("step_gpu_ns", "step_wall_ns"):
+            times = [float(v) for k, v in (entry.get(key) or {}).items() if int(k) >= warmup and v and v > 0]
+            if times:
+                out[int(entry["rank"])] = statistics.median(times)
+                break
+    return out
+
+
 def _row(global_pid: int, device_id: int, report: dict, ids: dict) -> dict:
     steps = (report.get("steps") or {}).get("step_time_ns") or {}
     comm = report.get("communication") or {}
@@ -115,6 +135,9 @@ def merged_view(procs: pd.DataFrame, reports: dict[int, dict], status: dict | No
     rows = [_row(p.global_pid, p.device_id, reports.get(int(p.global_pid), {"error": "not analysed"}),
                  ids.get(os_pid(p.global_pid), {})) for p in procs.itertuples(index=False)]
     rows.sort(key=lambda r: (r["rank"] if r["rank"] is not None else 1 << 30, r["device_id"], r["pid"]))
+    bare = bare_by_rank(status)
+    for r in rows:
+        r["bare_step_time_ns_median"] = bare.get(r["rank"]) if r["rank"] is not None else None
     timed = [r for r in rows if r["step_time_ns_median"]]
     fastest = min((r["step_time_ns_median"] for r in timed), default=None)
     for r in rows:

@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 
+from gpudiag.capture import rank_hook
 from gpudiag.capture.window import WindowComplete
 
 
@@ -65,6 +66,17 @@ def _run(script: str, args: list[str], module: bool, path: str) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
+def _instrument_children(config_json: str, status_path: str) -> str | None:
+    """Let the ranks this command starts (``torchrun`` workers: ``RANK`` set) instrument themselves
+    (:mod:`gpudiag.capture.rank_hook`); returns the folder their statuses go to. None when this
+    process is itself a rank (``torchrun … -m gpudiag profile``): each rank then has its own run."""
+    if os.environ.get("RANK") is not None:
+        return None
+    ranks_dir = os.path.splitext(os.path.abspath(status_path))[0] + ".ranks"
+    os.environ.update(rank_hook.child_environment(config_json, ranks_dir, os.environ))
+    return ranks_dir
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the script; returns its exit code (also written to the status file)."""
     parser = argparse.ArgumentParser(prog="gpudiag.capture.launch")
@@ -98,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.module_ranges:  # compiled kernels back to modules: only where module ranges are wanted
         inductor_provenance.install(state.nvtx)
 
+    ranks_dir = _instrument_children(ns.config, ns.status)
     code = 0
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
@@ -133,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             status["inductor_provenance"] = inductor_provenance.collect()
         if config.trial:
             status["trial"] = changes.summary()
+        if ranks_dir:
+            status["ranks"] = rank_hook.collect(ranks_dir) or None
         status["exit_code"] = code
         status["ended_unix_s"] = time.time()
         with open(ns.status, "w", encoding="utf-8") as f:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import signal
 import time
@@ -114,10 +116,11 @@ def _verify(run_dir: Path, echo) -> None:
 
 
 # What the analysis reads of the bare run: step times, and for inference (gpudiag.analysis.serving)
-# its start-up, warm-up, batch, generate() forwards and the stepping module's weights.
+# its start-up, warm-up, batch, generate() forwards and the stepping module's weights; for a
+# multi-process job, each rank's own status (gpudiag.capture.rank_hook).
 BARE_KEYS = ("exit_code", "exception", "steps_completed", "step_wall_ns", "step_gpu_ns", "step_mode",
              "warmup_steps", "startup_ns", "warmup_ns", "samples_per_step", "generate_forwards",
-             "root_parameters", "first_input_shape")
+             "root_parameters", "first_input_shape", "ranks")
 
 
 def _keep_bare_run(bare: dict, run_dir: Path, status: dict) -> None:
@@ -245,16 +248,44 @@ def profile(script: Path | None, script_args: tuple[str, ...], module: str | Non
         nsys_exe = nsys.locate_nsys(nsys_path)
     except nsys.ToolNotFound as exc:
         raise UserError(str(exc)) from None
-    run_dir = run_dir or default_run_dir(Path(script.rsplit(".", 1)[-1]) if isinstance(script, str) else script)
+    stem = Path(script.rsplit(".", 1)[-1]) if isinstance(script, str) else script
+    run_dir, quiet = rank_run_dir(run_dir, stem)
+    run_dir = run_dir or default_run_dir(stem)
     prepare_run_dir(run_dir, force)
     job = Job(script, list(script_args), run_dir, config, nsys_exe, AnalysisOptions(options.steps_from, warmup),
               no_bare_run, no_analysis, use_ncu, ncu_top, ncu_max_kernels, verify, asked, try_budget)
-    stage = StageTracker(stage_display())
-    try:
-        code = _capture_and_report(job, stage)
-    except KeyboardInterrupt as exc:  # Ctrl-C outside the capture (which handles its own), or a second one
-        code = _interrupted(run_dir, stage, exc)
+    with _terminal_of_rank(run_dir, quiet):
+        stage = StageTracker(stage_display())
+        try:
+            code = _capture_and_report(job, stage)
+        except KeyboardInterrupt as exc:  # Ctrl-C outside the capture (which handles its own), or a second one
+            code = _interrupted(run_dir, stage, exc)
     raise SystemExit(code)
+
+
+def rank_run_dir(run_dir: Path | None, script: Path, environ=None) -> tuple[Path | None, bool]:
+    """Under a launcher that runs gpudiag once per rank (``torchrun … -m gpudiag profile``: RANK set,
+    WORLD_SIZE > 1): (``OUT/rank<k>``, whether this rank is quiet). OUT is ``-o`` or, for all ranks
+    alike, ``gpudiag-runs/<script>-job<launcher pid>`` (a timestamp could differ between ranks). Only
+    local rank 0 prints; the others write their terminal output to ``terminal.log`` in their run
+    directory. Else (run_dir, False) unchanged."""
+    from gpudiag.capture.rank_hook import rank_ids
+
+    ids = rank_ids(os.environ if environ is None else environ)
+    if ids["rank"] is None or (ids["world_size"] or 1) <= 1:
+        return run_dir, False
+    base = run_dir or Path("gpudiag-runs") / f"{script.stem}-job{os.getppid()}"
+    return base / f"rank{ids['rank']}", (ids["local_rank"] or 0) != 0
+
+
+@contextlib.contextmanager
+def _terminal_of_rank(run_dir: Path, quiet: bool):
+    """A quiet rank's terminal output goes to ``run_dir/terminal.log`` (kept, not lost)."""
+    if not quiet:
+        yield
+        return
+    with open(run_dir / "terminal.log", "w", encoding="utf-8") as log, contextlib.redirect_stdout(log):
+        yield
 
 
 @dataclass

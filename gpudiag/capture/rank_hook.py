@@ -1,0 +1,92 @@
+"""Instrumenting the ranks of a multi-process job (issue 22), from inside each worker process.
+
+The launcher (:mod:`gpudiag.capture.launch`) sets, for the processes its command starts:
+``GPUDIAG_CHILD_CONFIG`` (the :class:`~gpudiag.capture.instrument.CaptureConfig` as JSON),
+``GPUDIAG_CHILD_STATUS_DIR`` (where each rank writes ``rank<RANK>.json``) and puts
+``gpudiag/capture/child_site`` first on ``PYTHONPATH``. A worker (``RANK`` set) installs the same
+instrumentation as a single-process script and writes its status at exit: rank, local rank, world
+size, pid, steps and step times. Its own children (DataLoader workers) are left alone: the variable
+is removed once read.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import time
+
+CHILD_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_site")
+ENV_CONFIG, ENV_STATUS_DIR = "GPUDIAG_CHILD_CONFIG", "GPUDIAG_CHILD_STATUS_DIR"
+
+
+def child_environment(config_json: str, status_dir: str, environ: dict) -> dict:
+    """``environ`` with what the workers of a launched job need to instrument themselves."""
+    env = dict(environ)
+    env[ENV_CONFIG], env[ENV_STATUS_DIR] = config_json, status_dir
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (CHILD_SITE, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def rank_ids(environ=os.environ) -> dict:
+    """{"rank", "local_rank", "world_size"} from the variables torchrun (and accelerate, deepspeed)
+    set; None where one is missing or not a number."""
+    def num(name):
+        try:
+            return int(environ[name])
+        except (KeyError, ValueError):
+            return None
+    return {"rank": num("RANK"), "local_rank": num("LOCAL_RANK"), "world_size": num("WORLD_SIZE")}
+
+
+def _script_source() -> str:
+    try:
+        with open(sys.argv[0], encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except (OSError, IndexError):
+        return ""
+
+
+def install_from_environment() -> None:
+    """In a worker: install the instrumentation with the launcher's config and write this rank's
+    status at exit. Raises ValueError for a bad config (the hook reports it and runs on)."""
+    from gpudiag.capture import instrument
+
+    config = instrument.CaptureConfig.from_json(os.environ.pop(ENV_CONFIG))
+    status_dir = os.environ.pop(ENV_STATUS_DIR, None)
+    instrument.install(config, _script_source())
+    status = {"pid": os.getpid(), **rank_ids(), "script": os.path.basename(sys.argv[0] if sys.argv else ""),
+              "started_unix_s": time.time(), "exception": None}
+    previous_hook = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        status["exception"] = f"{kind.__name__}: {value}"
+        previous_hook(kind, value, tb)
+
+    sys.excepthook = excepthook
+
+    def write() -> None:
+        status.update(instrument.finish())
+        status["ended_unix_s"] = time.time()
+        if status_dir:
+            os.makedirs(status_dir, exist_ok=True)
+            with open(os.path.join(status_dir, f"rank{status['rank']}.json"), "w", encoding="utf-8") as f:
+                json.dump(status, f, indent=1)
+
+    atexit.register(write)
+
+
+def collect(status_dir: str) -> list[dict]:
+    """The ranks' statuses written in ``status_dir``, by rank ([] when none)."""
+    out = []
+    if not os.path.isdir(status_dir):
+        return out
+    for name in sorted(os.listdir(status_dir)):
+        if name.startswith("rank") and name.endswith(".json"):
+            try:
+                with open(os.path.join(status_dir, name), encoding="utf-8") as f:
+                    out.append(json.load(f))
+            except (OSError, ValueError):
+                continue
+    return sorted(out, key=lambda s: (s.get("rank") is None, s.get("rank") or 0))

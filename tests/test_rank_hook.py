@@ -1,0 +1,126 @@
+"""Issue 22 on CPU: the ranks a launched ``torchrun`` starts instrument themselves (gpudiag's
+start-up hook, the launchers unpatched), stop after the step window, and are named by rank; a
+2-rank DDP script with the gloo backend on CPU tensors, as CI can run it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gpudiag.analysis.ranks import bare_by_rank, merged_view
+from gpudiag.capture.instrument import CaptureConfig
+
+pytest.importorskip("torch")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+DDP = """
+import torch, torch.distributed as dist
+from torch import nn
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+for step in range(10000):  # a long job: the window ends it
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(tmp_path: Path, config: CaptureConfig, launcher_first: bool = True) -> tuple[subprocess.CompletedProcess, Path]:
+    script = tmp_path / "train_ddp.py"
+    script.write_text(DDP)
+    status = tmp_path / "status.json"
+    launcher = [sys.executable, "-m", "gpudiag.capture.launch", "--config", config.to_json(), "--status", str(status)]
+    torchrun = ["--nproc-per-node", "2", "--master-port", str(_port())]
+    cmd = (launcher + ["--module", "torch.distributed.run", *torchrun, str(script)] if launcher_first
+           else [sys.executable, "-m", "torch.distributed.run", *torchrun, "-m", "gpudiag.capture.launch",
+                 "--config", config.to_json(), "--status", str(status), str(script)])
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return proc, status
+
+
+def test_every_rank_of_a_launched_job_is_instrumented_and_named(tmp_path):
+    config = CaptureConfig(warmup_steps=2, window_steps=3, bare=True)
+    proc, status_path = _torchrun(tmp_path, config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    status = json.loads(status_path.read_text())
+    ranks = status["ranks"]
+    assert [(r["rank"], r["local_rank"], r["world_size"]) for r in ranks] == [(0, 0, 2), (1, 1, 2)]
+    assert len({r["pid"] for r in ranks}) == 2
+    for r in ranks:
+        # each rank stopped itself after 2 warm-up + 3 steps: the 10,000-step job ended, torchrun saw exit 0
+        assert r["step_mode"] == "optimizer" and r["steps_completed"] == 5 and r["exception"] is None
+        assert {"2", "3", "4"} <= set(r["step_wall_ns"])
+    # each rank's bare median, as the ranks table shows it, from its own steps after the warm-up
+    bare = bare_by_rank({"bare_run": status})
+    for r in ranks:
+        expected = statistics.median(float(v) for k, v in r["step_wall_ns"].items() if int(k) >= 2)
+        assert bare[r["rank"]] == pytest.approx(expected)
+
+
+def test_the_ranks_table_names_processes_by_rank(tmp_path):
+    """merged_view matches the capture's processes (nsys global pid: OS pid in bits 24..47) to the
+    ranks the workers recorded."""
+    proc, status_path = _torchrun(tmp_path, CaptureConfig(warmup_steps=1, window_steps=2, bare=True))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    status = json.loads(status_path.read_text())
+    pids = {r["rank"]: r["pid"] for r in status["ranks"]}
+    procs = pd.DataFrame({"global_pid": [pids[1] << 24, pids[0] << 24], "device_id": [0, 0]})
+    reports = {pids[0] << 24: {"steps": {"measured": 3, "step_time_ns": {"median": 2e6, "mean": 2e6}}},
+               pids[1] << 24: {"steps": {"measured": 3, "step_time_ns": {"median": 3e6, "mean": 3e6}}}}
+    view = merged_view(procs, reports, status)
+    assert [(r["rank"], r["pid"]) for r in view["ranks"]] == [(0, pids[0]), (1, pids[1])]
+    assert view["slowest"]["rank"] == 1 and "rank 1" in view["slowest"]["text"]
+
+
+def test_a_rank_that_runs_gpudiag_itself_instruments_only_itself(tmp_path):
+    """``torchrun … -m gpudiag.capture.launch …``: each rank is its own launcher; no child hook (no
+    ranks folder), and each rank is instrumented in-process (its own status: the last one written)."""
+    proc, status_path = _torchrun(tmp_path, CaptureConfig(warmup_steps=1, window_steps=2, bare=True),
+                                  launcher_first=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    status = json.loads(status_path.read_text())
+    assert status.get("ranks") is None and status["steps_completed"] == 3
+    assert not (tmp_path / "status.ranks").exists()
+
+
+def test_torchrun_running_gpudiag_profile_gives_one_run_per_rank(tmp_path):
+    """The second launch form: ``torchrun --nproc-per-node 2 -m gpudiag profile …``. Each rank
+    writes OUT/rank<k>/ (they used to collide on OUT: "already exists"), only local rank 0 prints,
+    rank 1's terminal output is kept in its terminal.log. nsys is the fake one (plumbing only)."""
+    from test_capture import FAKE_NSYS, SWIN_EXPORT, _executable
+
+    fake = _executable(tmp_path / "nsys", f"#!{sys.executable}\n" + FAKE_NSYS.format(fixture=str(SWIN_EXPORT)))
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nm = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for i in range(50):\n    loss = m(torch.randn(3, 4)).sum()\n    opt.zero_grad()\n"
+                      "    loss.backward()\n    opt.step()\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(_port()), "-m", "gpudiag", "profile", str(script), "-o", str(tmp_path / "out"),
+                           "--nsys", str(fake), "--try", "none", "--steps", "5"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for k in (0, 1):
+        assert (tmp_path / "out" / f"rank{k}" / "report.json").is_file()
+    assert proc.stdout.count("report: ") == 1 and "rank0" in proc.stdout
+    assert "report: " in (tmp_path / "out" / "rank1" / "terminal.log").read_text()
+    assert not (tmp_path / "out" / "rank0" / "terminal.log").exists()
