@@ -192,7 +192,8 @@ def prepare_run_dir(run_dir: Path, force: bool) -> None:
 @click.option("--try", "try_changes", default="auto", show_default=True, metavar="auto|none|CHANGE,...",
               help="Changes to apply and measure bare after the analysis (trials): auto picks up to three from the "
                    "recommendations; or a list of compile, compile-graphs, fused-optimizer, channels-last, tf32, "
-                   "bf16-autocast, cudnn-benchmark, kernels, ending optionally with args:ARGS (the script with other "
+                   "bf16-autocast, cudnn-benchmark, kernels, half-weights, static-cache, static-cache-compile, ending "
+                   "optionally with args:ARGS (the script with other "
                    "arguments, compared per sample).")
 @click.option("--try-budget", type=click.FloatRange(min=1), default=300, show_default=True,
               help="Seconds all trials together may take (the baseline included).")
