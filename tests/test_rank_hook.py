@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpudiag.analysis.ranks import bare_by_rank, merged_view
+from gpudiag.analysis.ranks import bare_by_rank, merged_view, status_of_process
 from gpudiag.capture.instrument import CaptureConfig
 
 pytest.importorskip("torch")
@@ -69,6 +69,14 @@ def test_every_rank_of_a_launched_job_is_instrumented_and_named(tmp_path):
         # each rank stopped itself after 2 warm-up + 3 steps: the 10,000-step job ended, torchrun saw exit 0
         assert r["step_mode"] == "optimizer" and r["steps_completed"] == 5 and r["exception"] is None
         assert {"2", "3", "4"} <= set(r["step_wall_ns"])
+    # a rank's report reads that rank's own status, and the bare run of the same rank (not pid)
+    job = {**status, "bare_run": {"ranks": list(reversed(ranks))}}
+    for r in ranks:
+        own = status_of_process(job, pd.Series([r["pid"] << 24] * 3))
+        assert own["rank"] == r["rank"] and own["bare_run"]["rank"] == r["rank"]
+        assert own["job_status"]["exit_code"] == 0 and own["step_wall_ns"] == r["step_wall_ns"]
+    assert status_of_process(job, pd.Series([ranks[0]["pid"] << 24, ranks[1]["pid"] << 24])) is job
+    assert status_of_process(job, pd.Series([12345 << 24])) is job  # not a rank: the launcher's own
     # each rank's bare median, as the ranks table shows it, from its own steps after the warm-up
     bare = bare_by_rank({"bare_run": status})
     for r in ranks:

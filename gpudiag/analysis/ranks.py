@@ -89,6 +89,24 @@ def _rank_ids(status: dict | None) -> dict[int, dict]:
     return out
 
 
+def status_of_process(status: dict | None, global_pids) -> dict | None:
+    """The status that describes the one process of ``global_pids`` (a column of nsys global pids):
+    for a rank of a launched job, the status that rank wrote (gpudiag.capture.rank_hook), with the
+    bare run of the same rank as its ``bare_run``; else ``status`` unchanged (a single process, the
+    launcher itself, or several processes)."""
+    entries = (status or {}).get("ranks") or []
+    pids = {os_pid(g) for g in set(global_pids)} if len(global_pids) else set()
+    if not entries or len(pids) != 1:
+        return status
+    pid = pids.pop()
+    own = next((e for e in entries if isinstance(e, dict) and e.get("pid") == pid), None)
+    if own is None:
+        return status
+    bare = next((e for e in ((status.get("bare_run") or {}).get("ranks") or [])
+                 if isinstance(e, dict) and e.get("rank") == own.get("rank")), None)
+    return {**own, "bare_run": bare, "job_status": {k: v for k, v in status.items() if k not in ("ranks", "bare_run")}}
+
+
 def bare_by_rank(status: dict | None) -> dict[int, float]:
     """rank -> median step time (ns) of that rank in the run without the profiler (the bare run's
     ``ranks``: statuses the ranks wrote, gpudiag.capture.rank_hook): CUDA events where recorded,

@@ -85,6 +85,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     meta = store.read_meta(db)
     warnings: list[str] = []
     t, procs = _one_process(_load(db, meta, warnings), process, warnings)
+    launcher_status, status = status, ranks.status_of_process(status, t.kernels["global_pid"])
     dev = _main_device(t.kernels, t.devices, warnings)
     steps: Steps = find_steps(t.nvtx, t.kernels, steps_from, t.runtime_api)
     if steps.kind == "whole":
@@ -151,9 +152,9 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "warnings": warnings,
     })))
     if procs is not None:  # every process analysed on its own (the main one again: a plain function of the file)
-        options = {"warmup_steps": warmup_steps, "steps_from": steps_from, "status": status, "top": top,
+        options = {"warmup_steps": warmup_steps, "steps_from": steps_from, "status": launcher_status, "top": top,
                    "calibration": calibration}
-        report["ranks"] = _ranks(db, procs, options, status, rank_workers)
+        report["ranks"] = _ranks(db, procs, options, launcher_status, rank_workers)
     return report
 
 
