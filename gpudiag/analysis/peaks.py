@@ -82,10 +82,45 @@ def with_calibration(peaks: DevicePeaks, calibration: dict) -> DevicePeaks:
                        launch_overhead_ns=float(calibration.get("launch_overhead_ns") or peaks.launch_overhead_ns))
 
 
+# SMs of the whole GPU (NVIDIA datasheets / CUDA deviceQuery), for scaling a MIG slice's compute
+# peaks by the SMs nsys recorded for it.
+FULL_SMS = ((r"H100.*PCIe", 114), (r"H100|H200|GH200", 132), (r"A100", 108), (r"A30", 56))
+# GPU memory (GB) where nsys's device name does not say it (datasheets).
+FULL_MEMORY_GB = ((r"H200 NVL", 141), (r"GH200", 96), (r"H200", 141))
+MIG = re.compile(r"MIG\s+(\d+)g\.(\d+)gb", re.IGNORECASE)
+
+
+def mig_slice(name: str, sm_count: int, peaks: "DevicePeaks") -> "DevicePeaks":
+    """``peaks`` of a whole GPU scaled to the MIG slice named in ``name`` (e.g. "NVIDIA H100 80GB
+    HBM3 MIG 1g.10gb"): compute by the slice's SMs over the whole GPU's (``sm_count`` as nsys
+    recorded it), else by its compute slices over 7; memory bandwidth by its memory over the
+    GPU's (the number before "GB" in the name, else the largest 7g profile's). NVIDIA Multi-Instance
+    GPU User Guide: a slice gets its share of SMs and of memory controllers. Unchanged otherwise."""
+    match = MIG.search(name or "")
+    if not match:
+        return peaks
+    g, slice_gb = int(match.group(1)), int(match.group(2))
+    full_sms = next((n for pattern, n in FULL_SMS if re.search(pattern, name, re.IGNORECASE)), None)
+    compute = sm_count / full_sms if sm_count and full_sms and sm_count <= full_sms else g / 7
+    found = re.search(r"(\d+)\s*GB(?!\w)", name[:match.start()], re.IGNORECASE)
+    total = int(found.group(1)) if found else next(
+        (gb for pattern, gb in FULL_MEMORY_GB if re.search(pattern, name, re.IGNORECASE)), None)
+    memory = min(slice_gb / total, 1.0) if total else None
+    how = (f"MIG slice {match.group(1)}g.{match.group(2)}gb: compute peaks x {compute:.3f} "
+           f"({f'{sm_count} of {full_sms} SMs' if sm_count and full_sms and sm_count <= full_sms else f'{g} of 7 slices'}), "
+           + (f"bandwidth x {memory:.3f} ({slice_gb} of {total} GB)" if memory else "bandwidth unscaled (GPU memory unknown)"))
+    return DevicePeaks(name=peaks.name, sm_count=peaks.sm_count,
+                       bandwidth=peaks.bandwidth * (memory or 1.0),
+                       flops={k: v * compute for k, v in peaks.flops.items()},
+                       source=f"{peaks.source}; {how} (NVIDIA MIG User Guide)", launch_overhead_ns=peaks.launch_overhead_ns)
+
+
 def lookup(name: str, sm_count: int = 0, nsys_bandwidth: float | None = None) -> DevicePeaks:
-    """Peaks for the GPU called ``name`` (as nsys records it, e.g. "NVIDIA H200")."""
+    """Peaks for the GPU called ``name`` (as nsys records it, e.g. "NVIDIA H200"); a MIG slice's
+    are scaled to it (:func:`mig_slice`)."""
     for pattern, bw, flops, source in DATASHEET:
         if re.search(pattern, name or "", re.IGNORECASE):
-            return DevicePeaks(name=name, sm_count=sm_count, bandwidth=bw, flops=dict(flops), source=f"datasheet: {source}")
+            whole = DevicePeaks(name=name, sm_count=sm_count, bandwidth=bw, flops=dict(flops), source=f"datasheet: {source}")
+            return mig_slice(name, sm_count, whole)
     return DevicePeaks(name=name or "unknown GPU", sm_count=sm_count, bandwidth=float(nsys_bandwidth or 0.0),
                        source="nsys TARGET_INFO_GPU.memoryBandwidth (GPU not in the datasheet table; compute peaks unknown)")

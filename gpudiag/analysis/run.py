@@ -247,6 +247,8 @@ def _peaks(dev: pd.Series, calibration: dict | None, warnings: list[str]) -> pea
     """The datasheet peaks of the main GPU ``dev``, measured ones where ``calibration`` is of that GPU."""
     device_peaks = peaks_mod.lookup(str(dev.get("name", "")), int(dev.get("sm_count", 0) or 0),
                                     dev.get("memory_bandwidth_bytes_per_s"))
+    if "MIG slice" in device_peaks.source:
+        warnings.append(f"ran on a MIG slice ({device_peaks.name}): {device_peaks.source.split('; ', 1)[-1]}")
     if calibration and calibration.get("gpu") == device_peaks.name:
         device_peaks = peaks_mod.with_calibration(device_peaks, calibration)
     elif calibration:
