@@ -43,7 +43,8 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(tmp_path: Path, config: CaptureConfig, launcher_first: bool = True) -> tuple[subprocess.CompletedProcess, Path]:
+def _torchrun(tmp_path: Path, config: CaptureConfig, launcher_first: bool = True,
+             site: Path | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     script = tmp_path / "train_ddp.py"
     script.write_text(DDP)
     status = tmp_path / "status.json"
@@ -52,7 +53,8 @@ def _torchrun(tmp_path: Path, config: CaptureConfig, launcher_first: bool = True
     cmd = (launcher + ["--module", "torch.distributed.run", *torchrun, str(script)] if launcher_first
            else [sys.executable, "-m", "torch.distributed.run", *torchrun, "-m", "gpudiag.capture.launch",
                  "--config", config.to_json(), "--status", str(status), str(script)])
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    path = str(REPO_ROOT) + (f":{site}" if site else "")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path, "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     return proc, status
 
@@ -132,3 +134,35 @@ def test_torchrun_running_gpudiag_profile_gives_one_run_per_rank(tmp_path):
     assert proc.stdout.count("report: ") == 1 and "rank0" in proc.stdout
     assert "report: " in (tmp_path / "out" / "rank1" / "terminal.log").read_text()
     assert not (tmp_path / "out" / "rank0" / "terminal.log").exists()
+
+
+# A user's own sitecustomize, after gpudiag's on the path: it must still run in every rank. It
+# counts the NVTX ranges each process pushes (CPU torch has no NVTX) and writes them at exit.
+COUNTING_SITE = """
+import atexit, collections, json, os
+import torch.cuda.nvtx as nvtx
+pushed = collections.Counter()
+def _push(msg, *a):
+    pushed[str(msg).split(" ")[0]] += 1
+    return 0
+nvtx.range_push = _push
+nvtx.range_pop = lambda *a: 0
+nvtx.range_start = lambda msg, *a: (_push(msg), 1)[1]
+nvtx.range_end = lambda *a: None
+atexit.register(lambda: os.environ.get("RANK") and open(os.path.join(COUNT_DIR, "pushes" + os.environ["RANK"] + ".json"),
+                                                        "w").write(json.dumps(pushed)))
+"""
+
+
+def test_ranks_get_module_and_op_ranges_and_the_users_sitecustomize_still_runs(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(f"COUNT_DIR = {str(tmp_path)!r}\n" + COUNTING_SITE)
+    proc, status_path = _torchrun(tmp_path, CaptureConfig(warmup_steps=1, window_steps=2), site=site)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = json.loads(status_path.read_text())["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["detail_step"] == 1 for r in ranks)
+    for k in (0, 1):
+        pushes = json.loads((tmp_path / f"pushes{k}.json").read_text())
+        assert pushes.get("gpudiag:module", 0) >= 3 * 4  # the model and its 3 layers, in every step
+        assert pushes.get("gpudiag:op", 0) > 0  # the detail step's aten ops

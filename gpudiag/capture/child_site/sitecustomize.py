@@ -4,21 +4,11 @@
 which puts this folder first on the children's ``PYTHONPATH`` with ``GPUDIAG_CHILD_CONFIG`` set.
 Python imports ``sitecustomize`` at start-up in every child interpreter; this one instruments a
 process that is a rank (``RANK`` set by the launcher module) exactly as a single-process script is
-instrumented (:mod:`gpudiag.capture.rank_hook`), then hands over to the next ``sitecustomize`` on
-the path, if any, so a user's own keeps working. Launchers are not patched.
+instrumented (:mod:`gpudiag.capture.rank_hook`), after running the next ``sitecustomize`` on the
+path, if any, so a user's own keeps working. Launchers are not patched.
 """
 
 import os as _os
-
-if _os.environ.get("GPUDIAG_CHILD_CONFIG") and _os.environ.get("RANK") is not None:
-    try:
-        from gpudiag.capture import rank_hook as _rank_hook
-
-        _rank_hook.install_from_environment()
-    except Exception as _exc:  # noqa: BLE001 - never break the user's process: say why, run uninstrumented
-        import sys as _sys
-
-        print(f"gpudiag: rank {_os.environ.get('RANK')} not instrumented: {_exc}", file=_sys.stderr)
 
 
 def _chain() -> None:
@@ -37,4 +27,16 @@ def _chain() -> None:
                 return
 
 
+# the next sitecustomize first: a user's own runs before gpudiag instruments the process, as it would
+# without gpudiag (and what it sets up, e.g. NVTX or environment, is what gpudiag then sees)
 _chain()
+
+if _os.environ.get("GPUDIAG_CHILD_CONFIG") and _os.environ.get("RANK") is not None:
+    try:
+        from gpudiag.capture import rank_hook as _rank_hook
+
+        _rank_hook.install_from_environment()
+    except Exception as _exc:  # noqa: BLE001 - never break the user's process: say why, run uninstrumented
+        import sys as _sys
+
+        print(f"gpudiag: rank {_os.environ.get('RANK')} not instrumented: {_exc}", file=_sys.stderr)
