@@ -166,3 +166,22 @@ def test_ranks_get_module_and_op_ranges_and_the_users_sitecustomize_still_runs(t
         pushes = json.loads((tmp_path / f"pushes{k}.json").read_text())
         assert pushes.get("gpudiag:module", 0) >= 3 * 4  # the model and its 3 layers, in every step
         assert pushes.get("gpudiag:op", 0) > 0  # the detail step's aten ops
+
+
+def test_accelerate_launch_of_one_process_instruments_its_child(tmp_path):
+    """``accelerate launch`` of one process starts the script as a plain child (no RANK): as a
+    known launcher module its every Python child is instrumented, named by pid."""
+    pytest.importorskip("accelerate")
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nm = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for i in range(10000):\n    loss = m(torch.randn(3, 4)).sum()\n    opt.zero_grad()\n"
+                      "    loss.backward()\n    opt.step()\n")
+    status = tmp_path / "status.json"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "gpudiag.capture.launch", "--config",
+                           CaptureConfig(warmup_steps=2, window_steps=3, bare=True).to_json(), "--status", str(status),
+                           "--module", "accelerate.commands.launch", "--num_processes", "1", "--cpu", str(script)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = json.loads(status.read_text())["ranks"]
+    assert len(ranks) == 1 and ranks[0]["rank"] is None and ranks[0]["steps_completed"] == 5

@@ -66,14 +66,16 @@ def _run(script: str, args: list[str], module: bool, path: str) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
-def _instrument_children(config_json: str, status_path: str) -> str | None:
-    """Let the ranks this command starts (``torchrun`` workers: ``RANK`` set) instrument themselves
+def _instrument_children(config_json: str, status_path: str, module: str | None) -> str | None:
+    """Let the ranks this command starts (``torchrun`` workers: ``RANK`` set; every Python child of
+    a known launcher module, e.g. ``accelerate launch`` of one process) instrument themselves
     (:mod:`gpudiag.capture.rank_hook`); returns the folder their statuses go to. None when this
     process is itself a rank (``torchrun … -m gpudiag profile``): each rank then has its own run."""
     if os.environ.get("RANK") is not None:
         return None
     ranks_dir = os.path.splitext(os.path.abspath(status_path))[0] + ".ranks"
-    os.environ.update(rank_hook.child_environment(config_json, ranks_dir, os.environ))
+    every_child = module is not None and module.startswith(rank_hook.LAUNCHER_MODULES)
+    os.environ.update(rank_hook.child_environment(config_json, ranks_dir, os.environ, every_child))
     return ranks_dir
 
 
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.module_ranges:  # compiled kernels back to modules: only where module ranges are wanted
         inductor_provenance.install(state.nvtx)
 
-    ranks_dir = _instrument_children(ns.config, ns.status)
+    ranks_dir = _instrument_children(ns.config, ns.status, ns.script if ns.module else None)
     code = 0
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:

@@ -21,10 +21,19 @@ CHILD_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_sit
 ENV_CONFIG, ENV_STATUS_DIR = "GPUDIAG_CHILD_CONFIG", "GPUDIAG_CHILD_STATUS_DIR"
 
 
-def child_environment(config_json: str, status_dir: str, environ: dict) -> dict:
-    """``environ`` with what the workers of a launched job need to instrument themselves."""
+# Launcher modules whose every Python child runs the user's script (a single-process `accelerate
+# launch` starts one without RANK): their children are instrumented even without RANK.
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate", "deepspeed")
+ENV_EVERY_CHILD = "GPUDIAG_CHILD_ANY"
+
+
+def child_environment(config_json: str, status_dir: str, environ: dict, every_child: bool = False) -> dict:
+    """``environ`` with what the workers of a launched job need to instrument themselves
+    (``every_child``: also the children without ``RANK``, see :data:`LAUNCHER_MODULES`)."""
     env = dict(environ)
     env[ENV_CONFIG], env[ENV_STATUS_DIR] = config_json, status_dir
+    if every_child:
+        env[ENV_EVERY_CHILD] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (CHILD_SITE, env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -55,6 +64,7 @@ def install_from_environment() -> None:
 
     config = instrument.CaptureConfig.from_json(os.environ.pop(ENV_CONFIG))
     status_dir = os.environ.pop(ENV_STATUS_DIR, None)
+    os.environ.pop(ENV_EVERY_CHILD, None)
     instrument.install(config, _script_source())
     status = {"pid": os.getpid(), **rank_ids(), "script": os.path.basename(sys.argv[0] if sys.argv else ""),
               "started_unix_s": time.time(), "exception": None}
@@ -71,7 +81,8 @@ def install_from_environment() -> None:
         status["ended_unix_s"] = time.time()
         if status_dir:
             os.makedirs(status_dir, exist_ok=True)
-            with open(os.path.join(status_dir, f"rank{status['rank']}.json"), "w", encoding="utf-8") as f:
+            name = f"rank{status['rank']}" if status["rank"] is not None else f"pid{status['pid']}"
+            with open(os.path.join(status_dir, name + ".json"), "w", encoding="utf-8") as f:
                 json.dump(status, f, indent=1)
 
     atexit.register(write)
@@ -83,7 +94,7 @@ def collect(status_dir: str) -> list[dict]:
     if not os.path.isdir(status_dir):
         return out
     for name in sorted(os.listdir(status_dir)):
-        if name.startswith("rank") and name.endswith(".json"):
+        if name.startswith(("rank", "pid")) and name.endswith(".json"):
             try:
                 with open(os.path.join(status_dir, name), encoding="utf-8") as f:
                     out.append(json.load(f))

@@ -31,7 +31,8 @@ def _chain() -> None:
 # without gpudiag (and what it sets up, e.g. NVTX or environment, is what gpudiag then sees)
 _chain()
 
-if _os.environ.get("GPUDIAG_CHILD_CONFIG") and _os.environ.get("RANK") is not None:
+if _os.environ.get("GPUDIAG_CHILD_CONFIG") and (_os.environ.get("RANK") is not None
+                                               or _os.environ.get("GPUDIAG_CHILD_ANY")):
     try:
         from gpudiag.capture import rank_hook as _rank_hook
 
