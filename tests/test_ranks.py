@@ -99,3 +99,28 @@ def test_ranks_in_terminal_and_html(straggler):
     page = html.render(hostile)
     assert "&lt;script&gt;x&lt;/script&gt;" in page and "<script>x</script>" not in page
     assert page.count('<tr class="rank">') == 2
+
+
+def test_the_straggler_is_named_with_its_cause(analysed):
+    """Two ranks' reports from real captures of the same model (H200, tests/fixtures): one with a
+    slow input pipeline (input_pipeline_bad: workers 0, pageable copies), one with a good one. The
+    ranks table names the slow one and says why: its input stall, which its own report measures
+    (GD-INPUT-STALL) and the other's does not have."""
+    import pandas as pd
+
+    from gpudiag.analysis.ranks import merged_view, straggler_cause
+
+    _, slow = analysed("input_pipeline_bad")
+    _, fast = analysed("input_pipeline_good")
+    why = straggler_cause(slow, fast)
+    assert why["cause"] == "input stall"
+    stall = next(r["saving_ns_per_step"] for r in slow["recommendations"] if r["rule_id"] == "GD-INPUT-STALL")
+    assert why["excess_ns"] == pytest.approx(stall - sum(r["saving_ns_per_step"] for r in fast["recommendations"]
+                                                         + fast.get("suppressed", []) if r["rule_id"] == "GD-INPUT-STALL"))
+    status = {"ranks": [{"pid": 101, "rank": 0, "local_rank": 0}, {"pid": 102, "rank": 1, "local_rank": 1}]}
+    procs = pd.DataFrame({"global_pid": [101 << 24, 102 << 24], "device_id": [0, 1]})
+    view = merged_view(procs, {101 << 24: fast, 102 << 24: slow}, status)
+    assert view["slowest"]["rank"] == 1 and view["slowest"]["why"]["cause"] == "input stall"
+    assert "rank 1" in view["slowest"]["text"] and "why: input stall" in view["slowest"]["text"]
+    # the other way round nothing is slower for that reason: the cause follows the data
+    assert straggler_cause(fast, slow)["cause"] != "input stall"

@@ -143,6 +143,49 @@ def _row(global_pid: int, device_id: int, report: dict, ids: dict) -> dict:
             "error": report.get("error")}
 
 
+def _rule_saving(report: dict, rule_id: str) -> float:
+    recs = (report.get("recommendations") or []) + (report.get("suppressed") or [])
+    return float(next((r.get("saving_ns_per_step") or 0.0 for r in recs if r.get("rule_id") == rule_id), 0.0))
+
+
+def _kernel_ns(report: dict) -> float:
+    """GPU busy time per step (median over measured steps; the breakdown's "overhead" holds
+    host-bound idle too, so it is not used here)."""
+    import statistics
+
+    busy = [m["busy_ns"] for m in report.get("per_step_metrics") or [] if m.get("busy_ns") is not None]
+    return float(statistics.median(busy)) if busy else 0.0
+
+
+def straggler_cause(slow: dict, fast: dict) -> dict:
+    """Why the slowest rank is slower than the fastest, from their reports (ns per measured step):
+    the largest of the input stall (idle before the step's first kernel: GD-INPUT-STALL), more
+    GPU busy time (with the kernels per step), more host time (the
+    rest of its host-bound idle) and late arrival at the collective (the fastest rank's exposed
+    communication over the slowest's: it waits there for the straggler). Returns {"cause",
+    "excess_ns", "components": {cause: ns}, "text"}; components under 0 count as 0, and with none
+    above 0 the cause is None."""
+    stall = _rule_saving(slow, "GD-INPUT-STALL") - _rule_saving(fast, "GD-INPUT-STALL")
+    host = ((slow.get("idle") or {}).get("host_bound_idle_ns_per_step") or 0.0) - \
+        ((fast.get("idle") or {}).get("host_bound_idle_ns_per_step") or 0.0) - max(stall, 0.0)
+    waits = ((fast.get("communication") or {}).get("exposed_ns_per_step") or 0.0) - \
+        ((slow.get("communication") or {}).get("exposed_ns_per_step") or 0.0)
+    components = {"input stall": stall, "more GPU work": _kernel_ns(slow) - _kernel_ns(fast),
+                  "more host time": host, "late arrival at the collective": waits}
+    components = {k: max(float(v), 0.0) for k, v in components.items()}
+    cause = max(components, key=components.get)
+    if components[cause] <= 0:
+        return {"cause": None, "excess_ns": 0.0, "components": components,
+                "text": "no cause found in its report (stall, GPU work, host time and collective waits are no larger)"}
+    kernels = lambda r: ((r.get("launches_per_step") or {}).get("kernels") or 0.0)  # noqa: E731
+    detail = {"input stall": "idle before its steps' first kernel (data loading: see its GD-INPUT-STALL)",
+              "more GPU work": f"{kernels(slow):.0f} kernels per step against {kernels(fast):.0f}",
+              "more host time": "the GPU waits for its host between kernels",
+              "late arrival at the collective": "the other ranks wait for it in the collective"}[cause]
+    return {"cause": cause, "excess_ns": components[cause], "components": components,
+            "text": f"{cause}: {components[cause] / 1e6:.2f} ms per step more than the fastest rank ({detail})"}
+
+
 def merged_view(procs: pd.DataFrame, reports: dict[int, dict], status: dict | None = None) -> dict:
     """report.json's ``ranks``: one row per process (``procs``: :func:`processes`; ``reports``:
     global_pid -> its report) with step time (ns, median and mean of its measured steps), GPU busy
@@ -171,6 +214,11 @@ def merged_view(procs: pd.DataFrame, reports: dict[int, dict], status: dict | No
                    "excess_over_fastest_percent": s["slower_than_fastest_percent"],
                    "text": (f"slowest: {who} on GPU {s['device_id']}, median step {s['step_time_ns_median'] / 1e6:.2f} ms, "
                             f"{excess / 1e6:.2f} ms ({s['slower_than_fastest_percent']:.1f} %) over the fastest rank")}
+        quick = min(timed, key=lambda r: r["step_time_ns_median"])
+        slow_report, fast_report = reports.get(s["global_pid"]) or {}, reports.get(quick["global_pid"]) or {}
+        if not slow_report.get("error") and not fast_report.get("error"):
+            slowest["why"] = straggler_cause(slow_report, fast_report)
+            slowest["text"] += "; why: " + slowest["why"]["text"]
     return {"count": len(rows), "ranks": rows, "slowest": slowest,
             "identified_by": "process (global_pid) and the GPU with most of its kernel time; RANK/LOCAL_RANK "
                              "where the launcher recorded them"}
