@@ -3,19 +3,25 @@
 - ``forward``: each call of an outermost ``nn.Module`` forward (one called while no other module's
   forward runs) starts a step; the step runs until the next such call, so a request's own host
   work after the forward (``.cpu()``, ``.tolist()``) belongs to it, as in the optimizer mode.
-- ``generate``: each call of a Hugging Face ``generate()`` starts a step; the forwards inside it
-  (prefill, then one per new token) are not steps.
+- ``generate``: each call of a Hugging Face ``generate()`` starts a step; the forwards of the model
+  it was called on (prefill, then one per new token) are its sub-steps, their starts kept for
+  TTFT/TPOT (an encoder-decoder's encoder, called apart, is not one).
 - ``auto`` (the launcher's default after ``gpudiag.step()``, the user's NVTX steps and the
   optimizer): undecided until the evidence comes. A ``backward()`` or an optimizer step keeps the
   optimizer's steps; an outermost forward called from inside ``generate()`` makes it ``generate``;
-  a second call of the same outermost module with neither between makes it ``forward``. The first call before that is the
-  start-up's last part: model construction and weight upload before it are in no step.
+  a second call of the same outermost module with neither between makes it ``forward``. The first
+  call before that is the start-up's last part: model construction and weight upload before it are
+  in no step.
+- ``call:package.module.function`` (:func:`wrap_call_target`): each call of that function.
 
-Cost: a call from the launcher's two global module hooks (under a µs per module call once
-decided: a flag test in the optimizer and generate modes, a depth count in forward mode). No hook
-is added or removed after the first call: Dynamo guards on the global hook dicts and on each
-module's hooks, so changing them after a compiled call would compile a second graph (found by
-tests/test_capture_compile.py), and hooks of their own would add two traced frames.
+Cost. Deciding needs every module call: the launcher's two global forward hooks call
+:meth:`CallSteps.pre` / :meth:`CallSteps.post`. Global hooks put PyTorch on its slow call path
+for every module (H100: with them, the MLP-Mixer's bf16-weights trial ran 9.0 ms per batch where the same change
+made by hand ran 5.5 ms; the runs made after this change agree with the hand-made ones within 15 %), so once the
+stepping module is known the bare run hooks it alone and drops the global ones, unless Dynamo has
+already compiled with them: it guards on the global hook dicts, and removing them would compile a
+second graph (tests/test_capture_compile.py). The profiled run keeps them (its module ranges need
+them); after the decision they cost a flag test or a depth count per module call.
 """
 
 from __future__ import annotations
@@ -178,8 +184,8 @@ class CallSteps:
 
     def _go_local(self, root) -> None:
         """In the bare run, once the stepping module is known: hooks on it alone instead of the
-        global ones, whose every-module-call cost (PyTorch's slow call path, measured: a batch-1
-        encoder's bare step 5.8 ms by hand, 9.5 ms with them, H100) would be in the timed steps.
+        global ones, whose every-module-call cost (PyTorch's slow call path; see the module
+        docstring for what it did to a trial on the H100) would be in the timed steps.
         Not once Dynamo has compiled: it guards on the global hook dicts (a second graph)."""
         from gpudiag.capture import dynamo_stats
 
