@@ -5,37 +5,9 @@ and timed bare on the device (hand.tsv: the oracle, measured apart from gpudiag)
 
 from __future__ import annotations
 
-import json
-import lzma
-import shutil
-from pathlib import Path
-
 import pytest
 
-TRIALS = Path(__file__).parent / "fixtures" / "trials"
-
-
-@pytest.fixture(scope="module")
-def report_of(tmp_path_factory):
-    """workload -> report.json of ``gpudiag report`` run on its capture and launcher status."""
-    from click.testing import CliRunner
-
-    from gpudiag.cli.main import cli
-
-    cache = {}
-
-    def get(name: str) -> dict:
-        if name not in cache:
-            run = tmp_path_factory.mktemp(name)
-            with lzma.open(TRIALS / name / "profile.sqlite.xz") as src, open(run / "profile.sqlite", "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            shutil.copy(TRIALS / name / "script_status.json", run / "script_status.json")
-            result = CliRunner().invoke(cli, ["report", str(run)])
-            assert result.exit_code == 0, result.output
-            cache[name] = json.loads((run / "report.json").read_text())
-        return cache[name]
-
-    return get
+from test_trial_estimates import TRIALS, run_report  # noqa: F401 - the fixture: gpudiag report on a fixture run
 
 
 def hand(name: str) -> dict[str, float]:
@@ -44,11 +16,11 @@ def hand(name: str) -> dict[str, float]:
     return {change: float(ms) for change, ms in rows if ms.replace(".", "", 1).isdigit()}
 
 
-def test_a_plain_classifier_gets_one_step_per_batch(report_of):
+def test_a_plain_classifier_gets_one_step_per_batch(run_report):
     """mixer: no optimizer, no NVTX, no gpudiag call. Steps are the model's calls; start-up (model
     construction, weight upload: 7.8 s) is in no step; the profiled median is within 20 % of the
     bare one."""
-    report = report_of("mixer_h100")
+    report = run_report("mixer_h100")
     status = report["script"]
     assert status["step_mode"] == "forward" and report["steps"]["measured"] >= 5
     assert status["startup_ns"] > 1e9  # seconds of imports and model construction before step 0
@@ -62,10 +34,10 @@ def test_a_plain_classifier_gets_one_step_per_batch(report_of):
     assert inf["samples_per_s"] == pytest.approx(32 / (inf["latency_ns"]["p50"] / 1e9))
 
 
-def test_the_first_advice_on_the_fp32_classifier_is_half_weights_within_25_percent(report_of):
+def test_the_first_advice_on_the_fp32_classifier_is_half_weights_within_25_percent(run_report):
     """fp32 MLP-Mixer B/16 at batch 32: the first advice is GD-HALF-WEIGHTS; its half-weights
     estimate against model.to(torch.bfloat16) made by hand: 24.89 -> 5.53 ms, 19.36 ms saved."""
-    report = report_of("mixer_h100")
+    report = run_report("mixer_h100")
     first = report["recommendations"][0]
     assert first["rule_id"] == "GD-HALF-WEIGHTS"
     ms = hand("mixer_h100")
@@ -83,13 +55,13 @@ def _share_points(saving_ms: float, base_ms: float) -> float:
 
 
 @pytest.mark.parametrize("name,batch", [("encoder_h100", 1), ("serve_h100", 8)])
-def test_host_bound_requests_first_advice_is_cuda_graphs_within_10_points(report_of, name, batch):
+def test_host_bound_requests_first_advice_is_cuda_graphs_within_10_points(run_report, name, batch):
     """A batch-1 encoder with .cpu() per request, and a served MobileNetV3 that never ends (stopped
     by --steps): the first advice is GD-OVERHEAD-BOUND, whose form (compile-graphs) is the change
     worth most by hand; its predicted share of the bare step is within 10 points of the hand-made
     change's share of its own baseline (the baselines of separate processes differ by up to 62 %
     on this machine: docs/inference.md)."""
-    report = report_of(name)
+    report = run_report(name)
     assert report["script"]["step_mode"] == "forward" and report["inference"]["samples_per_step"] == batch
     first = report["recommendations"][0]
     assert first["rule_id"] == "GD-OVERHEAD-BOUND"
@@ -103,16 +75,16 @@ def test_host_bound_requests_first_advice_is_cuda_graphs_within_10_points(report
     assert trial["status"] == "measured" and abs(trial["trial_step_ns"] / 1e6 / ms["compile-graphs"] - 1) <= 0.15
 
 
-def test_the_serving_loop_that_never_ends_was_stopped_by_the_window(report_of):
-    status = report_of("serve_h100")["script"]
+def test_the_serving_loop_that_never_ends_was_stopped_by_the_window(run_report):
+    status = run_report("serve_h100")["script"]
     assert status["exit_code"] == 0 and status["window_complete"] is True
     assert status["stopped_after_window"] == status["warmup_steps"] + status["window_steps"]
 
 
-def test_inference_trials_compare_outputs(report_of):
+def test_inference_trials_compare_outputs(run_report):
     """No loss at inference: each trial is checked on the model's output (bf16 weights move an fp32
     encoder's output by ~2 %, under the bf16 tolerance; compile by ~1e-6)."""
-    trials = {t["change"]: t for t in report_of("encoder_h100")["trials"]}
+    trials = {t["change"]: t for t in run_report("encoder_h100")["trials"]}
     assert trials["half-weights"]["result_difference"]["compared"] == "outputs"
     assert 1e-3 < trials["half-weights"]["result_difference"]["relative"] < 0.05
     assert trials["compile"]["result_difference"]["relative"] < 1e-4
