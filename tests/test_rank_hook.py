@@ -185,3 +185,18 @@ def test_accelerate_launch_of_one_process_instruments_its_child(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = json.loads(status.read_text())["ranks"]
     assert len(ranks) == 1 and ranks[0]["rank"] is None and ranks[0]["steps_completed"] == 5
+
+
+def test_gloo_collectives_are_said_to_be_host_time(analysed):
+    """A rank of a gloo job (its own status: world_size 2) on a real capture with no NCCL kernel:
+    the report says its collectives are host time. The same capture as a single process: nothing."""
+    from gpudiag.analysis.ranks import host_collectives_warning
+    from gpudiag.analysis.run import analyse
+
+    db, single = analysed("input_pipeline_good")
+    assert single["communication"] is None
+    assert host_collectives_warning({"world_size": 1}, None) is None
+    assert host_collectives_warning({"world_size": 2}, {"kernel_ns_per_step": 1.0}) is None
+    rank = analyse(db, status={"step_mode": "optimizer", "rank": 1, "world_size": 2, "local_rank": 1})
+    assert any("collectives ran on the host (gloo" in w for w in rank["warnings"])
+    assert not any("collectives ran on the host" in w for w in single["warnings"])

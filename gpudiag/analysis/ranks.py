@@ -222,3 +222,17 @@ def merged_view(procs: pd.DataFrame, reports: dict[int, dict], status: dict | No
     return {"count": len(rows), "ranks": rows, "slowest": slowest,
             "identified_by": "process (global_pid) and the GPU with most of its kernel time; RANK/LOCAL_RANK "
                              "where the launcher recorded them"}
+
+
+def host_collectives_warning(status: dict | None, communication: dict | None) -> str | None:
+    """A warning for a job of several ranks (the launcher's ``ranks``, or a rank's own
+    ``world_size``) whose capture holds no collective kernel: its collectives ran on the host (gloo,
+    or CPU tensors), so their time is host time in the step, and the exposed-communication numbers
+    (NCCL kernels only) do not cover them. None otherwise."""
+    sizes = [e.get("world_size") for e in (status or {}).get("ranks") or [] if isinstance(e, dict)]
+    sizes.append((status or {}).get("world_size"))
+    if communication or not any(isinstance(n, int) and n > 1 for n in sizes):
+        return None
+    return ("a job of several ranks with no collective kernel in the capture: its collectives ran on the host "
+            "(gloo, or CPU tensors), so they are host time in each step, not communication; the exposed-communication "
+            "numbers cover NCCL kernels only")

@@ -151,6 +151,9 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         "communication": comm.communication(k, measured_ids, n, step_ns) if n else None,
         "warnings": warnings,
     })))
+    collectives = ranks.host_collectives_warning(status, report.get("communication"))
+    if collectives:
+        report["warnings"].append(collectives)
     if procs is not None:  # every process analysed on its own (the main one again: a plain function of the file)
         options = {"warmup_steps": warmup_steps, "steps_from": steps_from, "status": launcher_status, "top": top,
                    "calibration": calibration}
