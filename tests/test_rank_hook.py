@@ -44,9 +44,9 @@ def _port() -> int:
 
 
 def _torchrun(tmp_path: Path, config: CaptureConfig, launcher_first: bool = True,
-             site: Path | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+             site: Path | None = None, body: str = DDP) -> tuple[subprocess.CompletedProcess, Path]:
     script = tmp_path / "train_ddp.py"
-    script.write_text(DDP)
+    script.write_text(body)
     status = tmp_path / "status.json"
     launcher = [sys.executable, "-m", "gpudiag.capture.launch", "--config", config.to_json(), "--status", str(status)]
     torchrun = ["--nproc-per-node", "2", "--master-port", str(_port())]
@@ -200,3 +200,51 @@ def test_gloo_collectives_are_said_to_be_host_time(analysed):
     rank = analyse(db, status={"step_mode": "optimizer", "rank": 1, "world_size": 2, "local_rank": 1})
     assert any("collectives ran on the host (gloo" in w for w in rank["warnings"])
     assert not any("collectives ran on the host" in w for w in single["warnings"])
+
+
+ACCUMULATING = DDP.replace('''    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()''', '''    opt.zero_grad()
+    for micro in range(2):  # gradient accumulation over 2 micro-batches
+        with model.no_sync() if NO_SYNC and micro == 0 else contextlib.nullcontext():
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+    opt.step()''')
+
+
+def _accumulating_rank(tmp_path: Path, no_sync: bool) -> dict:
+    body = f"import contextlib\nNO_SYNC = {no_sync}\n" + ACCUMULATING
+    proc, status_path = _torchrun(tmp_path, CaptureConfig(warmup_steps=1, window_steps=2, bare=True), body=body)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(status_path.read_text())["ranks"][0]
+
+
+def test_ddp_gradient_accumulation_without_no_sync_is_advised(tmp_path, analysed, export_path):
+    """A gloo DDP job accumulating over 2 micro-batches: each rank records DDP's settings and 2
+    backward() calls per step. On a real capture with (constructed) NCCL all-reduces, GD-DDP-NO-SYNC
+    predicts half the collective time; with no collective kernel (gloo) it fires unestimated; with
+    no_sync() it does not fire."""
+    from multi_gpu_exports import with_collectives
+
+    from gpudiag.analysis.run import analyse, ingest
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    rank = _accumulating_rank(tmp_path / "a", no_sync=False)
+    assert rank["ddp"] == {"bucket_cap_mb": 25, "gradient_bytes": 4 * (16 * 32 + 32 + 32 * 4 + 4),
+                           "find_unused_parameters": False, "static_graph": False, "no_sync_calls": 0}
+    assert set(rank["backward_calls"].values()) == {2}
+    status = {k: rank[k] for k in ("ddp", "backward_calls", "world_size", "rank")} | {"step_mode": "optimizer"}
+    nccl = with_collectives(export_path("mlp_chain_b4096"), tmp_path / "nccl.sqlite")
+    report = analyse(ingest(nccl, tmp_path / "nccl.run.sqlite"), status=status)
+    rec = next(r for r in report["recommendations"] + report["suppressed"] if r["rule_id"] == "GD-DDP-NO-SYNC")
+    assert rec["saving_ns_per_step"] == pytest.approx(report["communication"]["kernel_ns_per_step"] / 2)
+    db, _ = analysed("input_pipeline_good")
+    gloo = analyse(db, status=status)
+    rec = next(r for r in gloo["recommendations"] if r["rule_id"] == "GD-DDP-NO-SYNC")
+    assert rec["saving_estimated"] is False and "gloo" in rec["estimate"]
+    synced = _accumulating_rank(tmp_path / "b", no_sync=True)
+    assert synced["ddp"]["no_sync_calls"] >= 1
+    quiet = analyse(db, status={**status, "ddp": synced["ddp"]})
+    assert not any(r["rule_id"] == "GD-DDP-NO-SYNC" for r in quiet["recommendations"] + quiet["suppressed"])

@@ -23,6 +23,7 @@ TIME_ACTED_ON: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in {
     "GD-FP8-INFERENCE": {"kernels:contraction"},
     "GD-CUDNN-BENCHMARK": {"kernels:contraction"},
     "GD-OVERHEAD-BOUND": {"idle:host"},  # host-bound idle between kernels
+    "GD-DDP-NO-SYNC": {"communication"},  # the collectives of the micro-batches but the last
     "GD-HOST-SYNC": {"idle:host"},  # the part of it that begins during a sync
     "GD-INPUT-STALL": {"idle:step-start"},  # host-bound idle before the step's first kernel
     "GD-PAGEABLE-COPY": {"copies"},

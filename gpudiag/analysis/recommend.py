@@ -20,6 +20,7 @@ from gpudiag.analysis.expert_rules import EXPERT_RULES
 from gpudiag.analysis.ncu_rules import NCU_RULES
 from gpudiag.analysis.families import COMMUNICATION, CONTRACTION_FAMILIES, kernel_label
 from gpudiag.analysis.host_floor import phase_host_ns, untraced_factor
+from gpudiag.analysis.distributed_rules import DISTRIBUTED_RULES
 from gpudiag.analysis.inference_rules import INFERENCE_RULES
 from gpudiag.analysis.kernel_precision import math_paths_from_names
 from gpudiag.analysis.peaks import DevicePeaks
@@ -76,6 +77,8 @@ class RuleContext:
     bare_inflation_ns: float | None = None
     phase_host_ns: dict[str, float] = field(default_factory=dict)  # phase -> host time per step (gpudiag's ranges)
     inference: dict | None = None  # steps are requests: step_mode, root_parameters (gpudiag.analysis.serving)
+    distributed: dict | None = None  # DDP settings and backward() calls per step (gpudiag.analysis.distributed_rules)
+    communication_ns: float = 0.0  # collective kernel time per step (the rules see km without collectives)
 
 
 def _top(df: pd.DataFrame, n_steps: int, k: int = 3) -> list[str]:
@@ -496,7 +499,7 @@ def inference_quantization(ctx: RuleContext) -> Recommendation | None:
 
 RULES = (fp32_matmul, gemm_alignment, overhead_bound, host_syncs, pageable_copies, input_stall, unfused_optimizer,
          unfused_attention, unfused_norm, small_grids, *NCU_RULES, multi_stream,
-         inference_quantization, *INFERENCE_RULES, *EXPERT_RULES)
+         inference_quantization, *INFERENCE_RULES, *DISTRIBUTED_RULES, *EXPERT_RULES)
 
 
 # Issue 11: a recommendation whose estimated saving is under 0.5 % of the step is noise, not advice;
@@ -514,7 +517,8 @@ def recommend_split(ctx: RuleContext) -> tuple[list[dict], list[dict]]:
     if not ctx.step_ns or ctx.step_ns <= 0:  # no step length (a broken export): no share to judge by
         return shown, suppressed
     if "kernel_class" in ctx.km:  # no roofline rule applies to collectives (NCCL's small grids are deliberate)
-        ctx = replace(ctx, km=ctx.km[ctx.km["kernel_class"] != COMMUNICATION])
+        comm = ctx.km["kernel_class"] == COMMUNICATION
+        ctx = replace(ctx, km=ctx.km[~comm], communication_ns=float(ctx.km.loc[comm, "duration_ns"].sum()) / ctx.n_steps)
     for rule in RULES:
         rec = rule(ctx)
         if rec is None:

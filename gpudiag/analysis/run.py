@@ -30,6 +30,7 @@ from gpudiag.analysis.compiled import attribute_compiled
 from gpudiag.analysis.compiled import summarize as summarize_compiled
 from gpudiag.analysis.launches import in_measured_steps, launch_counts
 from gpudiag.analysis.representative import apply_bare_run, compare_bare
+from gpudiag.analysis.distributed_rules import distributed_context
 from gpudiag.analysis.serving import apply_requests, rule_context
 from gpudiag.analysis.timeline import gpu_activities, idle_intervals, launch_stats, step_table, stream_gaps
 from gpudiag.sources import row_checks
@@ -451,7 +452,7 @@ def _rule_context(status: dict | None, dev: pd.Series, compiled: dict, candidate
             "cudnn_benchmark": status.get("cudnn_benchmark"), "autocast_dtype": status.get("autocast_dtype"),
             "compiled": {**compiled, "dynamo": status.get("compile")} if compiled["graphs"] else None,
             "candidates": candidates, "bare_inflation_ns": (bare or {}).get("inflation_ns"),
-            "inference": rule_context(status)}
+            "inference": rule_context(status), "distributed": distributed_context(status, measured_ids)}
 
 
 def _recommendations(km, detail, idle, runtime_api, api, memcpy, steps, measured_ids, n, step_ns,

@@ -31,7 +31,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from gpudiag import nvtx_names
-from gpudiag.capture import dynamo_stats
+from gpudiag.capture import ddp_watch, dynamo_stats
 from gpudiag.capture.op_ranges import NullNvtx, _make_op_mode, default_nvtx
 from gpudiag.capture.call_steps import CallSteps, generate_summary, wrap_call_target
 from gpudiag.capture.user_ranges import wrap_user_nvtx
@@ -442,6 +442,7 @@ def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State
     optim_module.register_optimizer_step_pre_hook(_optimizer_pre_hook)
     optim_module.register_optimizer_step_post_hook(_optimizer_post_hook)
     state.window.watch_batch(nn_module, torch)
+    ddp_watch.install()
     return state
 
 
@@ -494,5 +495,6 @@ def finish() -> dict:
         "step_wall_ns": step_wall_times(state),
         "step_gpu_ns": _safely(step_gpu_times, state),
         **_safely(lambda st: generate_summary(st.call_steps, st), state),
+        **ddp_watch.summary(),
         **state.window.summary(),
     }

@@ -44,6 +44,7 @@ class Window:
         self.startup_ns: int | None = None  # from the launcher's start to step 0's opening
         self.warmup_ns: int | None = None  # from step 0's opening to the first measured step's
         self.losses: dict[int, object] = {}  # step -> the detached scalar backward() was called on
+        self.backward_calls: dict[int, int] = {}  # step -> backward() calls (gradient accumulation: > 1)
         self.outputs: dict[int, object] = {}  # step -> a sample of an inference step's first output
         self.root_parameters: dict | None = None  # forward/generate steps: the stepping module's weights
         self.first_input_shape: list[int] | None = None  # of the tensor samples_per_step was read from
@@ -90,6 +91,8 @@ class Window:
     def record_loss(self, step: int, tensors) -> None:
         """Keep the scalar ``backward()`` was called on in ``step`` (the first such call of the
         step); a non-scalar (a gradient given) is not kept."""
+        if not self.closed and step >= 0:
+            self.backward_calls[step] = self.backward_calls.get(step, 0) + 1
         if self.closed or step in self.losses or len(self.losses) >= self.MAX_LOSSES:
             return
         tensor = tensors[0] if isinstance(tensors, (tuple, list)) and tensors else tensors
@@ -165,7 +168,8 @@ class Window:
                 "capture_started_step": self.capture_started_step, "window_start_unix_s": self.window_start_unix_s,
                 "samples_per_step": self.samples_per_step, "startup_ns": self.startup_ns,
                 "warmup_ns": self.warmup_ns, "losses": self.loss_values(), "outputs": self.output_values(),
-                "root_parameters": self.root_parameters, "first_input_shape": self.first_input_shape}
+                "root_parameters": self.root_parameters, "first_input_shape": self.first_input_shape,
+                "backward_calls": {str(k): v for k, v in sorted(self.backward_calls.items())[:self.MAX_LOSSES]}}
 
 
 def _first_float_tensor(value, depth: int = 0):
