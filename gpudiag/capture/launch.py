@@ -66,6 +66,15 @@ def _run(script: str, args: list[str], module: bool, path: str) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
+def _write_status(path: str, status: dict) -> None:
+    """Write the status whole or not at all (a temporary file renamed over it): processes that
+    share one status path (ranks given the same one) never leave a file mixed from two writes."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(status, f, indent=1)
+    os.replace(tmp, path)
+
+
 def _instrument_children(config_json: str, status_path: str, module: str | None) -> str | None:
     """Let the ranks this command starts (``torchrun`` workers: ``RANK`` set; every Python child of
     a known launcher module, e.g. ``accelerate launch`` of one process) instrument themselves
@@ -102,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # e.g. --steps-from call:TARGET that cannot be found: the user's to fix
         print(f"gpudiag: {exc}", file=sys.stderr)
         status.update(exit_code=2, exception=f"ValueError: {exc}")
-        with open(ns.status, "w", encoding="utf-8") as f:
-            json.dump(status, f, indent=1)
+        _write_status(ns.status, status)
         return 2
     if config.trial:  # a trial run: the change is applied here, in the user's process, before the script runs
         from gpudiag.trials import changes
@@ -152,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             status["ranks"] = rank_hook.collect(ranks_dir) or None
         status["exit_code"] = code
         status["ended_unix_s"] = time.time()
-        with open(ns.status, "w", encoding="utf-8") as f:
-            json.dump(status, f, indent=1)
+        _write_status(ns.status, status)
     return code
 
 

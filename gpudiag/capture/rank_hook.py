@@ -82,8 +82,10 @@ def install_from_environment() -> None:
         if status_dir:
             os.makedirs(status_dir, exist_ok=True)
             name = f"rank{status['rank']}" if status["rank"] is not None else f"pid{status['pid']}"
-            with open(os.path.join(status_dir, name + ".json"), "w", encoding="utf-8") as f:
+            path = os.path.join(status_dir, name + ".json")
+            with open(path + ".tmp", "w", encoding="utf-8") as f:  # whole or not at all, as the launcher's
                 json.dump(status, f, indent=1)
+            os.replace(path + ".tmp", path)
 
     atexit.register(write)
 
