@@ -125,7 +125,7 @@ class CallSteps:
         self.training = False
         self.counting = True  # depth is counted while undecided and in forward mode
         self.roots: weakref.WeakSet = weakref.WeakSet()
-        self.root = None  # forward mode: the outermost module whose calls are steps (weak)
+        self.root = None  # weak ref to the stepping module: its calls are steps, or generate()'s forwards
         self.generating = False  # generate mode decided: forwards are marked, not steps
         self.marks: dict[int, list] = {}  # step -> [(perf_counter ns, CUDA event)] per forward start
 
