@@ -106,3 +106,23 @@ def test_two_processes_report_the_busier_one(export_path, tmp_path):
     assert any("2 processes launched kernels" in w for w in double["warnings"])
     assert double["steps"]["step_time_ns"] == single["steps"]["step_time_ns"]
     assert double["top_kernels"] == single["top_kernels"]
+
+
+def test_idle_ended_by_a_copy_is_named_as_such(tmp_path):
+    """A batch-1 encoder with `.cpu()` per request (tests/fixtures/trials/encoder_h100, H100): most of
+    its host-bound idle ends at the device-to-host copy, not at a kernel; the table says so rather
+    than naming a kernel "nan"."""
+    import json
+    import lzma
+    import shutil
+
+    from conftest import FIXTURES
+    from gpudiag.analysis.run import analyse, ingest
+
+    src = FIXTURES / "trials" / "encoder_h100"
+    with lzma.open(src / "profile.sqlite.xz") as a, open(tmp_path / "p.sqlite", "wb") as b:
+        shutil.copyfileobj(a, b)
+    status = json.loads((src / "script_status.json").read_text())
+    waits = analyse(ingest(tmp_path / "p.sqlite", tmp_path / "run.sqlite"), status=status)["idle"]["top_waiting_kernels"]
+    names = [w["short_name"] for w in waits]
+    assert "nan" not in names and names[0] == "(a copy or memset, not a kernel)"

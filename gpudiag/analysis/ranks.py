@@ -114,16 +114,13 @@ def bare_by_rank(status: dict | None) -> dict[int, float]:
     bare run's processes are others."""
     import statistics
 
+    from gpudiag.trials.results import step_times  # the trials' own reading of a status's measured steps
+
     out = {}
     for entry in ((status or {}).get("bare_run") or {}).get("ranks") or []:
-        if not isinstance(entry, dict) or entry.get("rank") is None:
-            continue
-        warmup = int(entry.get("warmup_steps") or 0)
-        for key in ("step_gpu_ns", "step_wall_ns"):
-            times = [float(v) for k, v in (entry.get(key) or {}).items() if int(k) >= warmup and v and v > 0]
-            if times:
-                out[int(entry["rank"])] = statistics.median(times)
-                break
+        times = step_times(entry)[0] if isinstance(entry, dict) and entry.get("rank") is not None else []
+        if times:
+            out[int(entry["rank"])] = statistics.median(times)
     return out
 
 

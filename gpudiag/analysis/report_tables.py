@@ -142,12 +142,14 @@ def stream_rows(gaps: pd.DataFrame, k: pd.DataFrame, measured_ids: set, n: int) 
 
 def top_waiting_kernels(idle_m: pd.DataFrame, k: pd.DataFrame, n: int) -> list[dict]:
     """The 10 kernels (by short name) after the most host-bound idle time of the measured steps
-    (``idle_m``): idle ns and waits per step."""
+    (``idle_m``): idle ns and waits per step; idle ended by a copy or memset is one row of its own."""
     waited = idle_m[idle_m["host_bound"]].merge(k[["kernel_id", "name", "short_name", "module", "op"]],
                                                  left_on="next_kernel_id", right_on="kernel_id", how="left")
     top_waits = (waited.groupby("short_name", dropna=False)["duration_ns"].agg(["sum", "count"])
                  .sort_values("sum", ascending=False).head(10))
-    return [{"short_name": str(name), "idle_ns_per_step": float(r["sum"]) / n, "waits_per_step": float(r["count"]) / n}
+    # no kernel id: a copy or memset ended the idle time (timeline.idle_intervals), e.g. a `.cpu()`
+    return [{"short_name": str(name) if isinstance(name, str) else "(a copy or memset, not a kernel)",
+             "idle_ns_per_step": float(r["sum"]) / n, "waits_per_step": float(r["count"]) / n}
             for name, r in top_waits.iterrows()]
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpudiag.analysis.representative import _times  # the bare-run comparison's per-step reading
+
 PERCENTILES = (50, 90, 99)
 
 
@@ -47,8 +49,7 @@ def rule_context(status: dict | None) -> dict | None:
 def _step_times(run: dict, ids: list[int]) -> tuple[dict[int, float], str]:
     for key, method in (("step_gpu_ns", "CUDA events at the step boundaries"),
                         ("step_wall_ns", "host wall-clock time between the step boundaries")):
-        times = run.get(key) or {}
-        found = {i: float(times[str(i)]) for i in ids if str(i) in times and times[str(i)] > 0}
+        found = _times(run, ids, key)
         if found:
             return found, method
     return {}, ""

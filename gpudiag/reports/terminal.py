@@ -176,7 +176,8 @@ def request_lines(result: dict) -> list[str]:
     if not inf:
         return []
     lat = inf["latency_ns"]
-    batch = f" of {inf['samples_per_step']} samples" if inf.get("samples_per_step") else ""
+    n = inf.get("samples_per_step")
+    batch = f" of {n} sample{'s' if n != 1 else ''}" if n else ""
     rate = f"; {inf['samples_per_s']:.1f} samples/s" if inf.get("samples_per_s") else ""
     lines = [f"per request ({inf['source']}, {inf['steps']} steps{batch}): latency p50 {fmt_ns(lat['p50'])}, "
              f"p90 {fmt_ns(lat['p90'])}, p99 {fmt_ns(lat['p99'])}{rate}"]
@@ -185,6 +186,8 @@ def request_lines(result: dict) -> list[str]:
                 if inf.get("warmup_ns") is not None else "")
         lines.append(f"start-up {fmt_ns(inf['startup_ns'])} before the first step (imports, model construction, "
                      f"weight upload){warm}: in no measured step and the base of no saving")
+    else:
+        lines.append("start-up: not recorded for this run (its status has no start-up time)")
     gen = inf.get("generation")
     if gen:
         lines.append(f"generate(): time to first token {fmt_ns(gen['ttft_ns'])}, time per output token "
