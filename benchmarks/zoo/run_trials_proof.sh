@@ -30,6 +30,8 @@ if [ "${1:-}" = "--list" ]; then
   for n in gnn t5 lstm generate convnext vit mixer encoder decoder seq2seq serve; do printf '%-10s %s\n' "$n" "$(workload "$n")"; done; exit 0
 fi
 out=${1:?usage: run_trials_proof.sh OUT_DIR WORKLOAD...}; shift
+# on the device machine, $OUT comes back even when the call runs past its limit: keep it current
+snapshot() { [ -n "${OUT:-}" ] && [ -d "$OUT" ] && tar czf "$OUT/$1.tgz" -C "$out" "$1"; }
 mkdir -p "$out" "$RUNS_DIR"
 for name in "$@"; do
   read -r -a cmd <<< "$(workload "$name")" || { echo "unknown workload $name"; continue; }
@@ -41,6 +43,7 @@ for name in "$@"; do
   cp "$run"/report.json "$run"/script_status.json "$run"/bare_status.json "$run"/gpudiag.log "$dir"/ 2>/dev/null
   cp "$run"/trial_*.json "$dir"/ 2>/dev/null
   [ -f "$run/profile.sqlite" ] && xz -T0 -c "$run/profile.sqlite" > "$dir/profile.sqlite.xz"
+  snapshot "$name"
   changes=$($PYTHON -c "import json,sys; print(' '.join(t['change'] for t in json.load(open(sys.argv[1])).get('trials') or []))" "$run/report.json" 2>/dev/null)
   flags=$($PYTHON -c "import sys; sys.path.insert(0, '$here'); import zoo_changes; print(' '.join(zoo_changes.FLAGS.get(c, '-') for c in sys.argv[1:]))" $changes)
   : > "$dir/hand.tsv"
@@ -51,8 +54,8 @@ for name in "$@"; do
     [ "$flag" = "-" ] && { printf '%s\t%s\n' "$variant" "no-hand-flag" >> "$dir/hand.tsv"; continue; }
     ms=$($PYTHON "$script" "${args[@]}" --steps 14 --warmup 4 $flag 2>>"$dir/hand.err" | sed -n 's/.*median_step_ms \([0-9.]*\).*/\1/p')
     printf '%s\t%s\n' "$variant" "${ms:-failed}" >> "$dir/hand.tsv"
+    snapshot "$name"
   done
   echo "== $name: trials [$changes]"; cat "$dir/hand.tsv"; tail -3 "$dir/profile.log"
-  # on the device machine ($OUT comes back even when a later workload runs past the call's limit)
-  [ -n "${OUT:-}" ] && [ -d "$OUT" ] && tar czf "$OUT/$name.tgz" -C "$out" "$name"
+  snapshot "$name"
 done
