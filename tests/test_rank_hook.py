@@ -115,22 +115,28 @@ def test_a_rank_that_runs_gpudiag_itself_instruments_only_itself(tmp_path):
 def test_torchrun_running_gpudiag_profile_gives_one_run_per_rank(tmp_path):
     """The second launch form: ``torchrun --nproc-per-node 2 -m gpudiag profile …``. Each rank
     writes OUT/rank<k>/ (they used to collide on OUT: "already exists"), only local rank 0 prints,
-    rank 1's terminal output is kept in its terminal.log. nsys is the fake one (plumbing only)."""
+    rank 1's terminal output is kept in its terminal.log. The script is a DDP job: each of gpudiag's
+    runs (bare, profiled, trial baselines, the trial) rendezvous again; on torchrun's agent store the
+    second ``init_process_group`` used to wait for ever. nsys is the fake one (plumbing only)."""
     from test_capture import FAKE_NSYS, SWIN_EXPORT, _executable
 
     fake = _executable(tmp_path / "nsys", f"#!{sys.executable}\n" + FAKE_NSYS.format(fixture=str(SWIN_EXPORT)))
     script = tmp_path / "train.py"
-    script.write_text("import torch\nm = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-                      "for i in range(50):\n    loss = m(torch.randn(3, 4)).sum()\n    opt.zero_grad()\n"
-                      "    loss.backward()\n    opt.step()\n")
+    script.write_text(DDP)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                            str(_port()), "-m", "gpudiag", "profile", str(script), "-o", str(tmp_path / "out"),
-                           "--nsys", str(fake), "--try", "none", "--steps", "5"],
+                           "--nsys", str(fake), "--try", "fused-optimizer", "--steps", "3"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for k in (0, 1):
-        assert (tmp_path / "out" / f"rank{k}" / "report.json").is_file()
+        run = tmp_path / "out" / f"rank{k}"
+        assert (run / "report.json").is_file()
+        for name in ("bare_status.json", "script_status.json", "trial_baseline.json", "trial_fused-optimizer.json"):
+            status = json.loads((run / name).read_text())
+            assert status["exit_code"] == 0 and status["steps_completed"] >= 5, (k, name)
+        trial = json.loads((run / "report.json").read_text())["trials"][0]
+        assert trial["change"] == "fused-optimizer" and trial["status"] == "measured", trial
     assert proc.stdout.count("report: ") == 1 and "rank0" in proc.stdout
     assert "report: " in (tmp_path / "out" / "rank1" / "terminal.log").read_text()
     assert not (tmp_path / "out" / "rank0" / "terminal.log").exists()
@@ -248,3 +254,61 @@ def test_ddp_gradient_accumulation_without_no_sync_is_advised(tmp_path, analysed
     assert synced["ddp"]["no_sync_calls"] >= 1
     quiet = analyse(db, status={**status, "ddp": synced["ddp"]})
     assert not any(r["rule_id"] == "GD-DDP-NO-SYNC" for r in quiet["recommendations"] + quiet["suppressed"])
+
+
+def test_trials_of_a_launched_job_apply_the_change_in_every_rank(tmp_path, monkeypatch):
+    """Trials run under the same launcher: the change acts in the ranks (where the model and the
+    optimizer are), not in torchrun's own process, and the job's step is its slowest rank's."""
+    from gpudiag.trials import results
+    from gpudiag.trials.runner import run_trials
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    script = tmp_path / "train_ddp.py"
+    script.write_text(DDP)
+    args = ["--nproc-per-node", "2", "--master-port", str(_port()), str(script)]
+    config = CaptureConfig(warmup_steps=1, window_steps=3)
+    lines = []
+    records = run_trials("torch.distributed.run", args, tmp_path, config,
+                         [{"change": "fused-optimizer", "predicted_saving_ns": 1e5, "rule_id": "GD-UNFUSED-OPTIMIZER"}],
+                         {}, budget_s=50, echo=lines.append)
+    (record,) = records
+    assert record["status"] == "measured", (record, lines)
+    # on CPU tensors the fused form is foreach=True: applied in each rank, by rank's own SGD
+    assert any("SGD" in a and "foreach=True" in a for a in record["applied"]), record["applied"]
+    trial = json.loads((tmp_path / "trial_fused-optimizer.json").read_text())
+    assert [r["rank"] for r in trial["ranks"]] == [0, 1]
+    assert all(r["trial"]["applied"] for r in trial["ranks"])
+    # the job's step k: the slowest rank's step k (an oracle written here, not job_view's code)
+    view = results.job_view(trial)
+    for k, ns in view["step_wall_ns"].items():
+        assert ns == max(float(r["step_wall_ns"][k]) for r in trial["ranks"])
+    assert record["steps"] == 3 and record["trial_step_ns"] > 0 and record["baseline_step_ns"] > 0
+
+
+def test_nproc_per_node_runs_the_script_under_torchrun(tmp_path):
+    """``gpudiag profile --nproc-per-node 2 train.py``: the same job as ``-m torch.distributed.run
+    --nproc-per-node 2 train.py``; both ranks report to the one capture's status, the bare run's too.
+    nsys is the fake one (it runs the command; the export is a fixture's)."""
+    from test_capture import FAKE_NSYS, SWIN_EXPORT, _executable
+
+    fake = _executable(tmp_path / "nsys", f"#!{sys.executable}\n" + FAKE_NSYS.format(fixture=str(SWIN_EXPORT)))
+    script = tmp_path / "train_ddp.py"
+    script.write_text(DDP)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--nproc-per-node", "2", str(script),
+                           "-o", str(tmp_path / "out"), "--nsys", str(fake), "--try", "none", "--steps", "3",
+                           "--no-analysis"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    status = json.loads((tmp_path / "out" / "script_status.json").read_text())
+    assert [r["rank"] for r in status["ranks"]] == [0, 1]
+    assert all(r["steps_completed"] == 5 for r in status["ranks"])  # 2 warm-up + 3
+    assert [r["rank"] for r in status["bare_run"]["ranks"]] == [0, 1]
+
+
+def test_nproc_per_node_refuses_a_launcher_as_the_target(tmp_path):
+    from click.testing import CliRunner
+
+    from gpudiag.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["profile", "--nproc-per-node", "2", "-m", "torch.distributed.run", "--", "x.py"])
+    assert result.exit_code != 0 and "give the script" in result.output and "Traceback" not in result.output

@@ -136,6 +136,7 @@ def _row(global_pid: int, device_id: int, report: dict, ids: dict) -> dict:
             "breakdown_percent": report.get("breakdown_percent"),
             "communication_ns_per_step": comm.get("kernel_ns_per_step"),
             "exposed_communication_ns_per_step": comm.get("exposed_ns_per_step"),
+            "op_calls_recorded": (report.get("instrumentation") or {}).get("op_calls_recorded"),
             "top_recommendation": recs[0]["rule_id"] if recs else None,
             "error": report.get("error")}
 

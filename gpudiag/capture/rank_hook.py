@@ -49,6 +49,46 @@ def rank_ids(environ=os.environ) -> dict:
     return {"rank": num("RANK"), "local_rank": num("LOCAL_RANK"), "world_size": num("WORLD_SIZE")}
 
 
+AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+_runs_made: dict[str, int] = {}  # run name -> runs of that name so far (a run repeated gets a new key)
+
+
+def fresh_rendezvous(env: dict, run_name: str, timeout_s: float = 900.0) -> dict:
+    """``env`` for one more run of a rank's script when gpudiag itself is the rank (``torchrun …
+    -m gpudiag profile``): each of gpudiag's runs (bare, profiled, each trial) starts the script
+    again, and torchrun's agent store still holds the first run's rendezvous keys, so a second
+    ``init_process_group`` on it waits for ever (seen on CPU with gloo, torch 2.13). Rank 0 picks a
+    free port for this run and publishes it on the agent store under ``run_name`` (the same name
+    in every rank: each rank's gpudiag makes the same runs in the same order); every rank's script
+    then rendezvous there, rank 0's hosting the store (``TORCHELASTIC_USE_AGENT_STORE=False``:
+    torch.distributed.rendezvous). ``env`` is returned as it is outside torchrun or for one rank.
+    Raises TimeoutError when rank 0 publishes no port within ``timeout_s``."""
+    ids = rank_ids(env)
+    if env.get(AGENT_STORE) != "True" or not env.get("MASTER_PORT") or ids["rank"] is None \
+            or (ids["world_size"] or 1) <= 1:
+        return env
+    import socket
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    try:
+        store = TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), int(env["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(seconds=timeout_s))
+        _runs_made[run_name] = _runs_made.get(run_name, 0) + 1
+        key = f"gpudiag/{run_name}/{_runs_made[run_name]}/master_port"
+        if ids["rank"] == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+            store.set(key, str(port))
+        else:
+            port = int(store.get(key))
+    except RuntimeError as exc:  # the store's own timeout or a lost agent
+        raise TimeoutError(f"rank {ids['rank']}: no port from rank 0 for the run {run_name} ({exc})") from None
+    return {**env, "MASTER_PORT": str(port), AGENT_STORE: "False"}
+
+
 def _script_source() -> str:
     try:
         with open(sys.argv[0], encoding="utf-8", errors="replace") as f:
@@ -65,7 +105,11 @@ def install_from_environment() -> None:
     config = instrument.CaptureConfig.from_json(os.environ.pop(ENV_CONFIG))
     status_dir = os.environ.pop(ENV_STATUS_DIR, None)
     os.environ.pop(ENV_EVERY_CHILD, None)
-    instrument.install(config, _script_source())
+    state = instrument.install(config, _script_source())
+    if config.trial:  # a trial run under a launcher: the change acts in each rank, where the model is
+        from gpudiag.trials import changes
+
+        changes.install(config.trial, state)
     status = {"pid": os.getpid(), **rank_ids(), "script": os.path.basename(sys.argv[0] if sys.argv else ""),
               "started_unix_s": time.time(), "exception": None}
     previous_hook = sys.excepthook
@@ -78,6 +122,8 @@ def install_from_environment() -> None:
 
     def write() -> None:
         status.update(instrument.finish())
+        if config.trial:
+            status["trial"] = changes.summary()
         status["ended_unix_s"] = time.time()
         if status_dir:
             os.makedirs(status_dir, exist_ok=True)

@@ -85,8 +85,15 @@ def mark_interrupted(run_dir: Path, stage: str, signum: int = signal.SIGINT, fin
     return status
 
 
-def _launcher_env() -> dict:
-    env = dict(os.environ)
+def _launcher_env(run_name: str) -> dict:
+    """The launched script's environment: this gpudiag importable and, when gpudiag runs as one rank
+    of a torchrun job, a rendezvous of its own for this run (:func:`rank_hook.fresh_rendezvous`)."""
+    from gpudiag.capture.rank_hook import fresh_rendezvous
+
+    try:
+        env = fresh_rendezvous(dict(os.environ), run_name)
+    except TimeoutError as exc:  # rank 0's gpudiag stopped (crashed, or made other runs)
+        raise CaptureError(f"{exc}: see rank 0's gpudiag.log") from None
     # The launcher must import this gpudiag even when it is not installed (e.g. run from a checkout).
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = package_root + os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else package_root
@@ -110,7 +117,7 @@ def capture_ncu(script: Path, script_args: list[str], run_dir: Path, config: Cap
     start = log.stat().st_size if log.exists() else 0
     with (stage or plain_stage(echo))(f"[ncu] replaying {len(kernel_names)} top kernels of step {detail_step} "
                                       f"under Nsight Compute ({ncu_path})"):
-        run_logged(cmd, log, _launcher_env())
+        run_logged(cmd, log, _launcher_env("ncu_status.json"))
     output = log.read_text(errors="replace")[start:]
     report = run_dir / NCU_NAME
     if ncu_mod.PERMISSION_ERROR in output:
@@ -140,7 +147,7 @@ def capture(script: Path, script_args: list[str], run_dir: Path, config: Capture
     with stage(f"[1/3] profiling {script} under Nsight Systems ({nsys_path})"):
         try:
             run_logged(nsys.profile_command(nsys_path, run_dir / REPORT_BASE, launcher_args, config.capture_range), log,
-                       _launcher_env())
+                       _launcher_env(STATUS_NAME))
         except Interrupted as exc:
             interrupted = exc
         except OSError as exc:  # e.g. a script whose interpreter is missing passed as --nsys
@@ -169,7 +176,7 @@ def run_bare(script: Path | str, script_args: list[str], run_dir: Path, config: 
     status or {} when it wrote none). Used by the bare run and by the trials."""
     bare = dataclasses.replace(config, bare=True, capture_range=False)
     cmd = [sys.executable, "-m", "gpudiag.capture.launch", *_launcher_args(script, script_args, run_dir, bare, status_name)]
-    code = run_logged(cmd, run_dir / LOG_NAME, _launcher_env(), echo=False, timeout_s=timeout_s)
+    code = run_logged(cmd, run_dir / LOG_NAME, _launcher_env(status_name), echo=False, timeout_s=timeout_s)
     path = run_dir / status_name
     try:
         status = json.loads(path.read_text()) if path.exists() else {}

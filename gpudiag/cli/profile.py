@@ -149,6 +149,17 @@ def _target(script: Path | None, module: str | None) -> Path | str:
     return script
 
 
+def _under_torchrun(target: Path | str, script_args: tuple[str, ...], nproc: int) -> tuple[str, tuple[str, ...]]:
+    """``--nproc-per-node N``: the same job as ``-m torch.distributed.run --nproc-per-node N
+    TARGET ARGS`` (torchrun's standalone rendezvous: one node, a free port). Raises UserError when
+    TARGET is itself a launcher."""
+    if isinstance(target, str) and target in ("torch.distributed.run", "torch.distributed.launch"):
+        raise UserError(f"--nproc-per-node with -m {target}: give the script, e.g. "
+                        "'gpudiag profile --nproc-per-node 2 train.py' (gpudiag starts torchrun)")
+    run = ["-m", target] if isinstance(target, str) else [str(target)]
+    return "torch.distributed.run", ("--standalone", "--nproc-per-node", str(nproc), *run, *script_args)
+
+
 def default_run_dir(script: Path) -> Path:
     """``gpudiag-runs/<script stem>-<YYYYmmdd-HHMMSS>``, relative to the current directory."""
     return Path("gpudiag-runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -170,6 +181,9 @@ def prepare_run_dir(run_dir: Path, force: bool) -> None:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("-m", "--module", "module", metavar="MODULE", help="Profile a module as `python -m MODULE` runs it "
               "(then no SCRIPT; arguments after -- go to the module).")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Run SCRIPT as N processes under torchrun (python -m torch.distributed.run --nproc-per-node N "
+                   "SCRIPT); every rank is instrumented and timed.")
 @click.option("-o", "--output", "run_dir", type=click.Path(path_type=Path), help="Run directory [default: gpudiag-runs/<script>-<timestamp>].")
 @click.option("--force", is_flag=True, help="Replace an existing run directory.")
 @click.option("--nsys", "nsys_path", help="Path of the nsys executable (else $GPUDIAG_NSYS, PATH, known install folders).")
@@ -200,7 +214,8 @@ def prepare_run_dir(run_dir: Path, force: bool) -> None:
 @click.option("--verify", is_flag=True, help="Time the reference kernel of each top fusion candidate at the recorded "
               "shapes on this GPU (eager vs fused vs torch.compile, outputs checked) and show it in the report.")
 @analysis_options
-def profile(script: Path | None, script_args: tuple[str, ...], module: str | None, run_dir: Path | None, force: bool,
+def profile(script: Path | None, script_args: tuple[str, ...], module: str | None, nproc_per_node: int | None,
+            run_dir: Path | None, force: bool,
             nsys_path: str | None,
             detail_step: int | None, no_module_ranges: bool, no_op_ranges: bool, no_analysis: bool,
             use_ncu: bool, ncu_top: int, ncu_max_kernels: int, no_bare_run: bool, window_steps: int,
@@ -224,10 +239,15 @@ def profile(script: Path | None, script_args: tuple[str, ...], module: str | Non
         gpudiag profile train.py -o runs/baseline --force -- --batch 64
         gpudiag profile train.py --ncu --ncu-top 20 -- --epochs 1
         gpudiag profile -m mypackage.train -- --epochs 1
+        gpudiag profile --nproc-per-node 2 train_ddp.py
+        torchrun --nproc-per-node 2 -m gpudiag profile train_ddp.py -o runs/ddp
     """
     if module is not None and script is not None:  # with -m, click hands the module's first argument to SCRIPT
         script_args, script = (str(script), *script_args), None
     script = _target(script, module)
+    stem = Path(script.rsplit(".", 1)[-1]) if isinstance(script, str) else script
+    if nproc_per_node is not None:
+        script, script_args = _under_torchrun(script, script_args, nproc_per_node)
     if use_ncu and no_analysis:
         raise UserError("--ncu needs the analysis (it replays the top kernels the analysis finds): drop --no-analysis")
     warmup = 2 if options.warmup_steps is None else options.warmup_steps
@@ -249,7 +269,6 @@ def profile(script: Path | None, script_args: tuple[str, ...], module: str | Non
         nsys_exe = nsys.locate_nsys(nsys_path)
     except nsys.ToolNotFound as exc:
         raise UserError(str(exc)) from None
-    stem = Path(script.rsplit(".", 1)[-1]) if isinstance(script, str) else script
     run_dir, quiet = rank_run_dir(run_dir, stem)
     run_dir = run_dir or default_run_dir(stem)
     prepare_run_dir(run_dir, force)

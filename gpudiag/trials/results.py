@@ -26,12 +26,34 @@ def step_times(status: dict) -> tuple[list[float], str]:
     ``warmup_steps``, within its window when it had one."""
     warmup = int(status.get("warmup_steps") or 0)
     last = None if status.get("window_steps") is None else warmup + int(status["window_steps"]) - 1
-    for key, method in (("step_gpu_ns", "CUDA events"), ("step_wall_ns", "host wall-clock time")):
+    for key, method in zip(STEP_KEYS, ("CUDA events", "host wall-clock time")):
         times = [float(v) for k, v in (status.get(key) or {}).items()
                  if int(k) >= warmup and (last is None or int(k) <= last) and v and v > 0]
         if times:
             return times, method
     return [], ""
+
+
+STEP_KEYS = ("step_gpu_ns", "step_wall_ns")
+
+
+def job_view(status: dict) -> dict:
+    """A launcher status read as one process's. Under a multi-process launcher (``torchrun``) the
+    launcher's own process runs no steps; its ranks wrote theirs (``ranks``, gpudiag.capture.
+    rank_hook). The job's step k then takes as long as its slowest rank's step k (a synchronous
+    data-parallel step ends with a collective every rank waits at); the rest (warm-up, window,
+    losses, outputs, the change applied) is the lowest rank's, and an exception is the launcher's
+    or else the first rank's. A single-process status is returned as it is."""
+    ranks = sorted((r for r in status.get("ranks") or [] if isinstance(r, dict)),
+                   key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
+    if not ranks or any(status.get(k) for k in STEP_KEYS):
+        return status
+    view = {**status, **{k: v for k, v in ranks[0].items() if k not in ("pid", "exception")}}
+    view["exception"] = status.get("exception") or next((r["exception"] for r in ranks if r.get("exception")), None)
+    for key in STEP_KEYS:
+        steps = set.intersection(*(set(r.get(key) or {}) for r in ranks))
+        view[key] = {k: max(float(r[key][k] or 0) for r in ranks) for k in sorted(steps, key=int)}
+    return view
 
 
 def math_path(autocast_dtype: str | None, change: str) -> str:

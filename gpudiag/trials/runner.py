@@ -29,6 +29,12 @@ DEFAULT_BUDGET_S = 300.0
 BASELINE_DRIFT = 0.10  # relative difference of the two baseline medians taken as a drift (gpudiag's choice)
 
 
+def _bare(*args, **kwargs) -> tuple[int, dict]:
+    """:func:`run_bare`, its status read as one process's (a launched job's ranks merged)."""
+    code, status = run_bare(*args, **kwargs)
+    return code, results.job_view(status)
+
+
 def trial_config(config: CaptureConfig, change: str | None) -> CaptureConfig:
     """The bare config of a trial (``change``) or of its baseline (None): the capture's warm-up
     (at least :data:`COMPILE_WARMUP_STEPS` for every run, so all compare the same steps) and a
@@ -65,7 +71,7 @@ def run_trials(script: Path | str, script_args: list[str], run_dir: Path, config
     base_config = trial_config(config, None)
     echo(f"[try] baseline: the script bare over {base_config.window_steps} steps after {base_config.warmup_steps} "
          "warm-up steps (--try none skips the trials)")
-    code, baseline = run_bare(script, script_args, run_dir, base_config, "trial_baseline.json", timeout_s=budget_s)
+    code, baseline = _bare(script, script_args, run_dir, base_config, "trial_baseline.json", timeout_s=budget_s)
     if not results.step_times(baseline)[0]:
         echo(f"[try] no trials: the baseline run measured no steps (exit code {code}; see {run_dir / 'gpudiag.log'})")
         return [results.trial_result(c, baseline, {}, None, 0.0) | {"status": "skipped",
@@ -81,7 +87,7 @@ def run_trials(script: Path | str, script_args: list[str], run_dir: Path, config
         began = time.monotonic()
         change = entry["change"]
         is_args = change.startswith("args:")
-        code, status = run_bare(script, shlex.split(change[5:]) if is_args else script_args, run_dir,
+        code, status = _bare(script, shlex.split(change[5:]) if is_args else script_args, run_dir,
                                 trial_config(config, None if is_args else change),
                                 f"trial_{'args' if is_args else change}.json", timeout_s=left)
         elapsed = time.monotonic() - began
@@ -117,7 +123,7 @@ def unchanged_runs(bare: dict | None, first: dict, later: dict | None) -> list[f
     """Median step time (ns) of each run of the unchanged script: the bare run made before the
     capture, the trials' baseline and the baseline after them, where each measured steps."""
     out = []
-    for status in (bare, first, later):
+    for status in (results.job_view(bare or {}), first, later):
         times = results.step_times(status or {})[0] if status else []
         if times:
             out.append(statistics.median(times))
@@ -139,7 +145,7 @@ def _second_baseline(script, script_args, run_dir, config, left_s: float) -> dic
     """The baseline once more after the trials, when at least a minute of the budget is left."""
     if left_s < 60:
         return None
-    _code, status = run_bare(script, script_args, run_dir, trial_config(config, None), "trial_baseline_after.json",
+    _code, status = _bare(script, script_args, run_dir, trial_config(config, None), "trial_baseline_after.json",
                              timeout_s=left_s)
     return status if results.step_times(status)[0] else None
 
