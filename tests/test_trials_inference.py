@@ -98,6 +98,38 @@ def test_static_cache_switches_generate_and_keeps_its_logits(tmp_path):
     assert diff is not None and diff["relative"] <= results.TOLERANCE["fp32"]
 
 
+SEQ2SEQ = """
+import torch
+from transformers import BartConfig, BartForConditionalGeneration
+
+torch.manual_seed(0)
+model = BartForConditionalGeneration(BartConfig(vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=1,
+                                                encoder_attention_heads=2, decoder_attention_heads=2,
+                                                encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                                max_position_embeddings=64)).eval()
+model.generation_config.pad_token_id = 0
+prompt = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(1))
+with torch.no_grad():
+    while True:
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4, min_new_tokens=4,
+                             do_sample=False)
+        print("cache", model.generation_config.cache_implementation, flush=True)
+"""
+
+
+def test_static_cache_reaches_an_encoder_decoder_past_its_encoder(tmp_path):
+    """generate() of an encoder-decoder calls its encoder first, as an outermost module: the trial
+    must still reach the model generate() was called on (on the H100 the BART trial said "no
+    Hugging Face model with a generation_config was called": its hooks went before the decoder ran)."""
+    pytest.importorskip("transformers")
+    proc, trial = _run(tmp_path, SEQ2SEQ, "static-cache")
+    assert trial["step_mode"] == "generate" and trial["trial"]["not_applicable"] is None
+    assert trial["trial"]["applied"] == ["BartForConditionalGeneration.generation_config.cache_implementation = "
+                                         "'static'; generation_config.disable_compile = True"]
+    # from the second generate() on, the script's own model generates with the static cache
+    assert "cache static" in proc.stdout
+
+
 def test_inference_changes_are_planned_for_inference_only(tmp_path):
     report = {"recommendations": [{"rule_id": "GD-HALF-WEIGHTS", "saving_ns_per_step": 9e6,
                                    "change_estimates": {"half-weights": 9e6, "tf32": 4e6, "bf16-autocast": -1e6}}]}

@@ -9,6 +9,8 @@ overhead the report shows).
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import NamedTuple
 
@@ -88,7 +90,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     t, procs = _one_process(_load(db, meta, warnings), process, warnings)
     launcher_status, status = status, ranks.status_of_process(status, t.kernels["global_pid"])
     dev = _main_device(t.kernels, t.devices, warnings)
-    steps: Steps = find_steps(t.nvtx, t.kernels, steps_from, t.runtime_api)
+    steps: Steps = _named_source(find_steps(t.nvtx, t.kernels, steps_from, t.runtime_api), status)
     if steps.kind == "whole":
         warmup_steps = 0  # the ranks below are analysed with it too
         warnings.append("no step ranges found: the whole capture is treated as one step")
@@ -160,6 +162,21 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
                    "calibration": calibration}
         report["ranks"] = _ranks(db, procs, options, launcher_status, rank_workers)
     return report
+
+
+# What made gpudiag's step ranges, by the launcher's step_mode (gpudiag.capture.instrument).
+STEP_SOURCES = {"optimizer": "optimizer.step()", "call": "gpudiag.step() or --steps-from call:",
+                "forward": "calls of the outermost module", "generate": "generate() calls"}
+
+
+def _named_source(steps: Steps, status: dict | None) -> Steps:
+    """``steps`` with the launcher's own step source named where its status recorded one: a
+    generate() loop's steps are not "optimizer.step() or gpudiag.step()"."""
+    mode = (status or {}).get("step_mode")
+    if steps.kind != "gpudiag" or mode not in STEP_SOURCES:
+        return steps
+    return dataclasses.replace(steps, source=steps.source.replace("optimizer.step() or gpudiag.step()",
+                                                                  STEP_SOURCES[mode]))
 
 
 def _load(db: sqlite_utils.Database, meta: dict, warnings: list[str]) -> Tables:

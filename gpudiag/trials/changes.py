@@ -8,7 +8,10 @@ the trial is reported "not applicable", never as a saving of zero.
 
 Root modules are the modules whose ``forward`` is called while no other module's forward runs
 (the model, a loss module): a global forward pre-hook finds them on their first call, during the
-first step, and is removed at the end of that step, so later steps pay nothing for it.
+first two steps, and is removed when step 2 opens, so later steps pay nothing for it. Two: the bare
+run of a forward or generate() loop opens an empty step 0 and step 1 at once, at its first
+outermost forward, which in an encoder-decoder's generate() is the encoder's; the model generate()
+was called on comes after it (BART on the H100: the static-cache trial found no model).
 """
 
 from __future__ import annotations
@@ -241,8 +244,8 @@ _ROOT_CHANGES = {
 
 
 def _on_roots(state, apply) -> None:
-    """Call ``apply(module)`` once on each root module seen in the first step (see the module
-    docstring); the hooks go at the end of that step. Compiler artefacts (FX GraphModules) and
+    """Call ``apply(module)`` once on each root module seen in the first two steps (see the module
+    docstring); the hooks go when step 2 opens. Compiler artefacts (FX GraphModules) and
     modules inside compiled code are skipped."""
     import torch
     from torch.nn.modules import module as nn_module
@@ -266,7 +269,7 @@ def _on_roots(state, apply) -> None:
                nn_module.register_module_forward_hook(post, always_call=True)]
 
     def remove_after_first_step(step: int) -> None:
-        if step >= 1 and handles:
+        if step >= 2 and handles:
             for handle in handles:
                 handle.remove()
             handles.clear()
