@@ -155,15 +155,35 @@ def _kernel_ns(report: dict) -> float:
     return float(statistics.median(busy)) if busy else 0.0
 
 
+# Ranks whose median steps differ by less than this run in lockstep (a collective every step ends
+# them together), so the step time cannot name the straggler (gpudiag's choice: the bare runs of
+# one job's ranks differ by ~1 %, docs/ranks_proof.md).
+LOCKSTEP = 0.05
+
+
+def _own_work_ns(report: dict) -> float:
+    """Time per step a rank spends on its own before the collective: its input stall (idle before
+    its steps' first kernel) and its GPU work. What it waits for, the others, is not in it."""
+    return _stall_ns(report) + _kernel_ns(report)
+
+
+def _stall_ns(report: dict) -> float:
+    """Host-bound GPU idle before the steps' first kernel, ns per step (GD-INPUT-STALL's measure)."""
+    stall = (report.get("idle") or {}).get("step_start_idle_ns_per_step")
+    if stall is None:  # a report written before step_start_idle existed
+        stall = _rule_saving(report, "GD-INPUT-STALL")
+    return float(stall or 0.0)
+
+
 def straggler_cause(slow: dict, fast: dict) -> dict:
     """Why the slowest rank is slower than the fastest, from their reports (ns per measured step):
-    the largest of the input stall (idle before the step's first kernel: GD-INPUT-STALL), more
+    the largest of the input stall (idle before the steps' first kernel: what GD-INPUT-STALL measures), more
     GPU busy time (with the kernels per step), more host time (the
     rest of its host-bound idle) and late arrival at the collective (the fastest rank's exposed
     communication over the slowest's: it waits there for the straggler). Returns {"cause",
     "excess_ns", "components": {cause: ns}, "text"}; components under 0 count as 0, and with none
     above 0 the cause is None."""
-    stall = _rule_saving(slow, "GD-INPUT-STALL") - _rule_saving(fast, "GD-INPUT-STALL")
+    stall = _stall_ns(slow) - _stall_ns(fast)
     host = ((slow.get("idle") or {}).get("host_bound_idle_ns_per_step") or 0.0) - \
         ((fast.get("idle") or {}).get("host_bound_idle_ns_per_step") or 0.0) - max(stall, 0.0)
     waits = ((fast.get("communication") or {}).get("exposed_ns_per_step") or 0.0) - \
@@ -202,24 +222,52 @@ def merged_view(procs: pd.DataFrame, reports: dict[int, dict], status: dict | No
     for r in rows:
         r["slower_than_fastest_percent"] = (100.0 * (r["step_time_ns_median"] - fastest) / fastest
                                             if fastest and r["step_time_ns_median"] else None)
-    slowest = None
-    if len(timed) > 1:
-        s = max(timed, key=lambda r: r["step_time_ns_median"])
-        excess = s["step_time_ns_median"] - fastest
-        who = f"rank {s['rank']}" if s["rank"] is not None else f"pid {s['pid']}"
-        slowest = {"global_pid": s["global_pid"], "pid": s["pid"], "device_id": s["device_id"], "rank": s["rank"],
-                   "step_time_ns_median": s["step_time_ns_median"], "excess_over_fastest_ns": excess,
-                   "excess_over_fastest_percent": s["slower_than_fastest_percent"],
-                   "text": (f"slowest: {who} on GPU {s['device_id']}, median step {s['step_time_ns_median'] / 1e6:.2f} ms, "
-                            f"{excess / 1e6:.2f} ms ({s['slower_than_fastest_percent']:.1f} %) over the fastest rank")}
-        quick = min(timed, key=lambda r: r["step_time_ns_median"])
-        slow_report, fast_report = reports.get(s["global_pid"]) or {}, reports.get(quick["global_pid"]) or {}
-        if not slow_report.get("error") and not fast_report.get("error"):
-            slowest["why"] = straggler_cause(slow_report, fast_report)
-            slowest["text"] += "; why: " + slowest["why"]["text"]
+    slowest = _slowest(timed, fastest, reports) if len(timed) > 1 else None
     return {"count": len(rows), "ranks": rows, "slowest": slowest,
             "identified_by": "process (global_pid) and the GPU with most of its kernel time; RANK/LOCAL_RANK "
                              "where the launcher recorded them"}
+
+
+def _who(row: dict) -> str:
+    return f"rank {row['rank']}" if row["rank"] is not None else f"pid {row['pid']}"
+
+
+def _slowest(timed: list[dict], fastest: float, reports: dict[int, dict]) -> dict:
+    """``slowest`` of :func:`merged_view`: the rank with the longest median step and why. Ranks in
+    lockstep (median steps within :data:`LOCKSTEP`) all take as long as the slowest: there the
+    straggler is the rank the others wait for, the one with the most time of its own per step
+    (:func:`_own_work_ns`), and ``lockstep`` is set; ``balanced`` (and no cause) when that time
+    differs by less than :data:`LOCKSTEP` of the step between ranks."""
+    s = max(timed, key=lambda r: r["step_time_ns_median"])
+    quick = min(timed, key=lambda r: r["step_time_ns_median"])
+    ok = all(not (reports.get(r["global_pid"]) or {"error": 1}).get("error") for r in timed)
+    lockstep = ok and (s["step_time_ns_median"] - fastest) <= LOCKSTEP * fastest
+    if lockstep:
+        own = {r["global_pid"]: _own_work_ns(reports[r["global_pid"]]) for r in timed}
+        s = max(timed, key=lambda r: own[r["global_pid"]])
+        quick = min(timed, key=lambda r: own[r["global_pid"]])
+    excess = s["step_time_ns_median"] - fastest
+    out = {"global_pid": s["global_pid"], "pid": s["pid"], "device_id": s["device_id"], "rank": s["rank"],
+           "step_time_ns_median": s["step_time_ns_median"], "excess_over_fastest_ns": excess,
+           "excess_over_fastest_percent": s["slower_than_fastest_percent"], "lockstep": lockstep,
+           "text": (f"slowest: {_who(s)} on GPU {s['device_id']}, median step {s['step_time_ns_median'] / 1e6:.2f} ms, "
+                    f"{excess / 1e6:.2f} ms ({s['slower_than_fastest_percent']:.1f} %) over the fastest rank")}
+    if lockstep:
+        gap = own[s["global_pid"]] - own[quick["global_pid"]]
+        out["own_work_over_fastest_ns"] = gap
+        head = f"the ranks run in lockstep (median steps within {100 * LOCKSTEP:.0f} %)"
+        if gap < LOCKSTEP * fastest:  # nobody waits long for anybody: no straggler to name
+            out["balanced"] = True
+            out["text"] = (f"{head} and are balanced: no rank spends more than {gap / 1e6:.2f} ms per step more on its "
+                           "own (input and GPU work) than another")
+            return out
+        out["text"] = (f"{head}: the others wait for {_who(s)} on GPU {s['device_id']}, which spends "
+                       f"{gap / 1e6:.2f} ms per step more on its own (input and GPU work) than {_who(quick)}")
+    slow_report, fast_report = reports.get(s["global_pid"]) or {}, reports.get(quick["global_pid"]) or {}
+    if not slow_report.get("error") and not fast_report.get("error"):
+        out["why"] = straggler_cause(slow_report, fast_report)
+        out["text"] += "; why: " + out["why"]["text"]
+    return out
 
 
 def host_collectives_warning(status: dict | None, communication: dict | None) -> str | None:

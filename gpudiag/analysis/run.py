@@ -443,10 +443,21 @@ def _idle_section(idle_m: pd.DataFrame, km: pd.DataFrame, stream_rows: list[dict
         "host_bound_idle_ns_per_step": step_stats.per_step(idle_m.loc[idle_m["host_bound"], "duration_ns"], n),
         "other_idle_ns_per_step": step_stats.per_step(idle_m.loc[~idle_m["host_bound"], "duration_ns"], n),
         "streams": stream_rows,
+        "step_start_idle_ns_per_step": _step_start_idle(idle_m, km, n),
         "kernels_shorter_than_launch_per_step": float(km["shorter_than_launch"].sum()) / n if n else None,
         "median_queue_delay_ns": report_tables.num(km["queue_delay_ns"].median()),
         "top_waiting_kernels": top_waits,
     }
+
+
+def _step_start_idle(idle_m: pd.DataFrame, km: pd.DataFrame, n: int) -> float | None:
+    """Host-bound GPU idle before each measured step's first kernel, ns per step (what
+    GD-INPUT-STALL measures, without its 10 % threshold: the ranks table compares ranks by it)."""
+    if not n or idle_m.empty or km.empty:
+        return 0.0 if n else None
+    first = km.groupby("step")["start_ns"].min()
+    before = idle_m["host_bound"].to_numpy() & (idle_m["end_ns"].to_numpy() <= idle_m["step"].map(first).to_numpy())
+    return float(idle_m.loc[before, "duration_ns"].sum()) / n
 
 
 def _ranks(db: sqlite_utils.Database, procs: pd.DataFrame, options: dict, status: dict | None,

@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         source = f.read()
     status = {"script": os.path.basename(ns.script), "args": ns.args, "exit_code": None,
               "exception": None, "traceback": None, "started_unix_s": time.time()}
+    if os.environ.get("RANK") is not None:  # gpudiag itself started once per rank (torchrun -m gpudiag profile)
+        status.update(rank_hook.rank_ids())
     try:
         state = instrument.install(config, source)
     except ValueError as exc:  # e.g. --steps-from call:TARGET that cannot be found: the user's to fix

@@ -381,7 +381,10 @@ def _capture_window(job: Job, bare: dict | None, stage: StageTracker):
     run found fewer steps than the warm-up, or nsys recorded nothing because the launcher never
     reached the window (then the script runs once more, captured whole). Raises UserError when
     nsys fails."""
+    from gpudiag.trials.results import job_view  # a launched job's steps are its ranks'
+
     config = job.config
+    bare = job_view(bare) if bare is not None else None
     if config.capture_range and bare is not None and bare.get("exit_code") == 0 \
             and int(bare.get("steps_completed") or 0) < config.capture_start_step:
         click.echo(f"[window] the bare run completed {bare.get('steps_completed') or 0} steps, fewer than the "
@@ -391,7 +394,7 @@ def _capture_window(job: Job, bare: dict | None, stage: StageTracker):
         return capture(job.script, job.script_args, job.run_dir, config, job.nsys_exe, echo=click.echo, stage=stage)
     except CaptureError as exc:
         status_path = job.run_dir / STATUS_NAME
-        status = json.loads(status_path.read_text()) if status_path.exists() else {}
+        status = job_view(json.loads(status_path.read_text())) if status_path.exists() else {}
         if not config.capture_range or status.get("capture_started_step") is not None or not status:
             raise UserError(str(exc), exit_code=3) from None
     click.echo(f"[window] the script reached no step window ({status.get('steps_completed', 0)} steps): "
@@ -412,19 +415,20 @@ def _trials(job: Job, status: dict) -> None:
     report_path = job.run_dir / "report.json"
     if not report_path.exists():
         return
-    if job.asked_changes is None and not status.get("step_gpu_ns"):
+    profiled = results.job_view(status)  # a launched job: its ranks' steps, the lowest rank's settings
+    if job.asked_changes is None and not profiled.get("step_gpu_ns"):
         click.echo("[try] no trials: no step of the profiled run was timed on a GPU (trials compare CUDA-event "
                    "step times); --try CHANGE,... runs the ones you name anyway")
         return
     report = json.loads(report_path.read_text())
-    chosen, left = plan.choose(report, status, job.asked_changes)
+    chosen, left = plan.choose(report, profiled, job.asked_changes)
     for entry in left:
         click.echo(f"[try] not tried: {entry['change']} ({entry['reason']})")
     if not chosen:
         click.echo("[try] no recommendation gpudiag can apply itself; --try CHANGE,... picks changes")
         results.attach(report, [], left)
     else:
-        trials = runner.run_trials(job.script, job.script_args, job.run_dir, job.config, chosen, status,
+        trials = runner.run_trials(job.script, job.script_args, job.run_dir, job.config, chosen, profiled,
                                    job.try_budget_s, echo=click.echo)
         results.attach(report, trials, left)
         render_trials(report)
