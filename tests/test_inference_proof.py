@@ -106,24 +106,75 @@ def test_a_generate_loop_gets_one_step_per_generate_call(run_report):
     assert gen["ttft_ns"] > 0 and gen["tpot_ns"] > 0 and abs(gen["ttft_ns"] + 47 * gen["tpot_ns"] - latency) <= 0.05 * latency
 
 
+def _share(rec: dict, report: dict, change: str | None = None) -> float:
+    """A recommendation's predicted saving (or one change's) as a share of the bare step, %."""
+    ns = rec["change_estimates"][change] if change else rec["saving_ns_per_step"]
+    return 100.0 * ns / report["representativeness"]["bare_step_time_ns"]
+
+
 def test_the_generate_loops_first_advice_is_cuda_graphs_within_10_points(run_report):
-    """The decoder's generate() is host-bound (GPU busy 10 %): the first advice is
-    GD-OVERHEAD-BOUND, whose change (compile-graphs) is the one worth most by hand (457.6 ->
-    94.7 ms); its predicted share of the bare step is within 10 points of the hand-made change's.
-    GD-STATIC-KV-CACHE, predicted from the bare step (it used the traced step: 755 ms, 120 % of
-    the step), is within 10 points of its trial (static-cache-compile, generate()'s own compile)."""
+    """The decoder's generate() is host-bound (GPU busy 10 %). Its first two advices are the two
+    forms of CUDA graphs: GD-OVERHEAD-BOUND (compile-graphs) and GD-STATIC-KV-CACHE (a static
+    cache and generate()'s own compile; first once its trial measured it). Each predicted share of
+    the bare step is within 10 points of the same change made by hand (79 % and 76 %) and the
+    static cache's of its trial; the first advice's change is within 5 points of the change worth
+    most by hand (compile-graphs). Both once predicted the step less its kernels (86 %; the static
+    cache 120 % of the step, from the traced step); they now leave the token loop's own host time."""
     report = run_report("decoder_h100")
     assert not any("savings_within_the_step" in w for w in report["warnings"])
-    bare_ms = report["representativeness"]["bare_step_time_ns"] / 1e6
     recs = {r["rule_id"]: r for r in report["recommendations"]}
-    first = report["recommendations"][0]
-    assert first["rule_id"] == "GD-OVERHEAD-BOUND"
+    assert {r["rule_id"] for r in report["recommendations"][:2]} == {"GD-OVERHEAD-BOUND", "GD-STATIC-KV-CACHE"}
     ms = hand("decoder_h100")
-    assert min(ms, key=ms.get) == "compile-graphs"
-    predicted = _share_points(first["saving_ns_per_step"] / 1e6, bare_ms)
-    assert abs(predicted - _share_points(ms["baseline"] - ms["compile-graphs"], ms["baseline"])) <= 10
+    by_hand = {c: _share_points(ms["baseline"] - ms[c], ms["baseline"]) for c in ms if c != "baseline"}
+    assert abs(_share(recs["GD-OVERHEAD-BOUND"], report) - by_hand["compile-graphs"]) <= 10
     kv = recs["GD-STATIC-KV-CACHE"]
-    assert kv["saving_ns_per_step"] / 1e6 < bare_ms
+    assert abs(_share(kv, report, "static-cache-compile") - by_hand["static-cache-compile"]) <= 10
+    trial = next(t for t in report["trials"] if t["change"] == "static-cache-compile")
+    assert trial["status"] == "measured" and abs(_share(kv, report, "static-cache-compile") - trial["saving_percent"]) <= 10
+    first_change = {"GD-OVERHEAD-BOUND": "compile-graphs", "GD-STATIC-KV-CACHE": "static-cache-compile"}[
+        report["recommendations"][0]["rule_id"]]
+    assert max(by_hand.values()) - by_hand[first_change] <= 5
+
+
+@pytest.mark.parametrize("name,measured", [
+    ("seq2seq_h100", None),  # BART: compile-graphs by hand, 199.8 -> 60.1 ms
+    ("generate_h100", "trial"),  # GPT-2 (issue 21's workload, not used to build the floor): its trial
+])
+def test_cuda_graphs_of_a_generate_loop_leave_its_own_host_time(run_report, name, measured):
+    """GD-OVERHEAD-BOUND on a loop of forwards (one per token) predicts the step less what CUDA
+    graphs of the model leave: the loop's host time outside the forwards (untraced) and the
+    kernels. Against compile-graphs: BART by hand (70 %), GPT-2 by its trial (69-74 % against its
+    two baselines); both within 10 points (the step less its kernels said 93 %)."""
+    report = run_report(name)
+    first = report["recommendations"][0]
+    assert first["rule_id"] == "GD-OVERHEAD-BOUND" and first["graph_floor"]["forwards_per_step"] >= 32
+    if measured == "trial":  # its statuses: the trial against the baseline run after it (CUDA events, medians)
+        import json
+        import statistics
+
+        from gpudiag.trials.results import step_times
+
+        med = {f: statistics.median(step_times(json.loads((TRIALS / name / f"trial_{f}.json").read_text()))[0])
+               for f in ("baseline_after", "compile-graphs")}
+        truth = _share_points((med["baseline_after"] - med["compile-graphs"]) / 1e6, med["baseline_after"] / 1e6)
+    else:
+        ms = hand(name)
+        truth = _share_points(ms["baseline"] - ms["compile-graphs"], ms["baseline"])
+    assert abs(_share(first, report) - truth) <= 10
+
+
+def test_the_static_cache_trial_reaches_the_encoder_decoder_and_matches_the_hand_made_change(run_report):
+    """seq2seq: BART-base generate() of 32 tokens. generate() calls the encoder first; the trial
+    now reaches BartForConditionalGeneration (on the first device run it said "no Hugging Face
+    model with a generation_config was called") and its step with the change agrees with the
+    hand-made one within 15 % (80.8 / 71.5 ms). The prediction does not (docs/inference.md): the
+    bare step ran 135 ms in one call and 234 ms in the next, and the estimate (bare step minus
+    kernel time) takes the compiled step to be its kernels alone."""
+    report = run_report("seq2seq_h100")
+    assert report["script"]["step_mode"] == "generate"
     trial = next(t for t in report["trials"] if t["change"] == "static-cache-compile")
     assert trial["status"] == "measured"
-    assert abs(_share_points(kv["saving_ns_per_step"] / 1e6, bare_ms) - trial["saving_percent"]) <= 10
+    assert trial["applied"] == ["BartForConditionalGeneration.generation_config.cache_implementation = 'static'"]
+    assert abs(trial["trial_step_ns"] / 1e6 / hand("seq2seq_h100")["static-cache-compile"] - 1) <= 0.15
+    kv = next(r for r in report["recommendations"] if r["rule_id"] == "GD-STATIC-KV-CACHE")
+    assert kv["saving_ns_per_step"] < report["representativeness"]["bare_step_time_ns"]

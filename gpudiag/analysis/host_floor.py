@@ -19,8 +19,13 @@ from __future__ import annotations
 
 import re
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.recommend import RuleContext
 
 LAUNCH_API = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel|cudaLaunchKernelExC|cudaGraphLaunch|cuGraphLaunch|cudaLaunchCooperativeKernel)")
 SYNC_API = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaStreamWaitEvent|cudaMemcpy(_v\d+)?$)")
@@ -117,3 +122,59 @@ def phase_ranges_ns(nvtx: pd.DataFrame, steps_table: pd.DataFrame, measured_ids:
     ranges = in_measured_steps(ranges, ranges["start_ns"].to_numpy(dtype=float), steps_table, measured_ids)
     per = ranges.assign(phase=ranges["text"].str[len(nvtx_names.PHASE):], ns=ranges["end_ns"] - ranges["start_ns"])
     return {str(p): float(g.groupby("step")["ns"].sum().median()) for p, g in per.groupby("phase")}
+
+
+def outside_modules(nvtx: pd.DataFrame, steps_table: pd.DataFrame, measured_ids: set) -> dict | None:
+    """Per measured step, the host time outside every module's forward (the step's time less the
+    union of gpudiag's module ranges in it, ns) and the outermost forward calls (the union's
+    intervals), medians over the steps: {"outside_ns", "forwards_per_step"}. In a ``generate()``
+    step that is the token loop's own Python (logits processing, stopping criteria, the cache's
+    bookkeeping) between one forward per token, which CUDA graphs of the model do not remove.
+    None without module ranges (``--no-module-ranges``, exports made without gpudiag)."""
+    from gpudiag import nvtx_names
+
+    if nvtx.empty or "text" not in nvtx or steps_table.empty:
+        return None
+    mods = nvtx[nvtx["text"].astype(str).str.startswith(nvtx_names.MODULE) & nvtx["end_ns"].notna()]
+    steps = steps_table[steps_table["step"].isin(measured_ids)]
+    if mods.empty or steps.empty:
+        return None
+    lo, hi = _union(mods["start_ns"].to_numpy(dtype=float), mods["end_ns"].to_numpy(dtype=float))
+    outside, calls = [], []
+    for s in steps.itertuples(index=False):
+        a, b = float(s.start_ns), float(s.end_ns)
+        keep = (hi > a) & (lo < b)
+        outside.append((b - a) - float((np.minimum(hi[keep], b) - np.maximum(lo[keep], a)).sum()))
+        calls.append(int(keep.sum()))
+    return {"outside_ns": float(np.median(outside)), "forwards_per_step": float(np.median(calls))}
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The disjoint intervals (starts, ends) whose union is that of [starts, ends): sorted by start,
+    an interval begins where a range starts after every earlier range ended."""
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)
+    new = np.ones(len(starts), dtype=bool)
+    new[1:] = starts[1:] > reach[:-1]
+    return starts[new], np.maximum.reduceat(ends, np.nonzero(new)[0])
+
+
+def loop_floor(ctx: "RuleContext") -> dict | None:
+    """What CUDA graphs of the model cannot remove from an inference step that loops over it
+    (``generate()``: one forward per token; two or more outermost forwards per step, no backward):
+    {"outside_ns" (traced host time outside the forwards), "kernel_ns", "forwards_per_step",
+    "profiled_step_ns"} per step; None otherwise (one forward per step, or training). Measured on
+    the H100 (docs/inference.md): the steps of three generate() loops with CUDA graphs took their
+    untraced outside time plus their kernel time within 10 points."""
+    out = ctx.outside_modules
+    if not out or out["forwards_per_step"] < 2 or (ctx.km["phase"] == "backward").any():
+        return None
+    return {**out, "kernel_ns": float(ctx.km["duration_ns"].sum()) / ctx.n_steps, "profiled_step_ns": ctx.step_ns}
+
+
+def graph_floor_ns(floor: dict, untraced: float) -> float:
+    """The step time left once the model runs as CUDA graphs (ns): the loop's host time outside
+    the forwards, scaled to the run without the profiler (``untraced``: bare ÷ profiled step), then
+    the forwards' kernels, one after the other (each token's forward needs the previous token)."""
+    return floor["outside_ns"] * untraced + floor["kernel_ns"]

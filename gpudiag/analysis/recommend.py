@@ -19,7 +19,7 @@ from gpudiag.analysis.costmodel import CONTRACTION_OPS, ITEMSIZE, _tensors, stor
 from gpudiag.analysis.expert_rules import EXPERT_RULES
 from gpudiag.analysis.ncu_rules import NCU_RULES
 from gpudiag.analysis.families import COMMUNICATION, CONTRACTION_FAMILIES, kernel_label
-from gpudiag.analysis.host_floor import phase_host_ns, untraced_factor
+from gpudiag.analysis.host_floor import graph_floor_ns, loop_floor, phase_host_ns, untraced_factor
 from gpudiag.analysis.distributed_rules import DISTRIBUTED_RULES
 from gpudiag.analysis.inference_rules import INFERENCE_RULES
 from gpudiag.analysis.kernel_precision import math_paths_from_names
@@ -41,6 +41,7 @@ class Recommendation:
     saving_estimated: bool = True  # False: "not estimated" (0 ns), never silenced for its size
     throughput_gain: dict | None = None  # GD-BATCH-HEADROOM: batch factor -> samples/s factor
     change_estimates: dict | None = None  # trial change -> its own predicted saving (ns/step), costs included
+    graph_floor: dict | None = None  # GD-OVERHEAD-BOUND in a loop of forwards: host_floor.graph_floor_ns's inputs
 
 
 @dataclass
@@ -76,6 +77,7 @@ class RuleContext:
     candidates: list[dict] = field(default_factory=list)
     bare_inflation_ns: float | None = None
     phase_host_ns: dict[str, float] = field(default_factory=dict)  # phase -> host time per step (gpudiag's ranges)
+    outside_modules: dict | None = None  # host_floor.outside_modules: the step's time outside every forward
     inference: dict | None = None  # steps are requests: step_mode, root_parameters (gpudiag.analysis.serving)
     distributed: dict | None = None  # DDP settings and backward() calls per step (gpudiag.analysis.distributed_rules)
     communication_ns: float = 0.0  # collective kernel time per step (the rules see km without collectives)
@@ -183,20 +185,31 @@ def gemm_alignment(ctx: RuleContext) -> Recommendation | None:
 def overhead_bound(ctx: RuleContext) -> Recommendation | None:
     """The GPU waits for kernel launches: host-bound idle between kernels (not at step start,
     which :func:`input_stall` covers) above 15 % of the step. Saving: that idle time (what CUDA
-    Graphs would remove if launches were the only cost)."""
+    Graphs would remove if launches were the only cost); in an inference step that loops over the
+    model (:func:`loop_floor`) at most the step less what graphs of the model leave."""
     idle = ctx.idle[ctx.idle["host_bound"] & ~ctx.idle["at_step_start"]]
     ns = idle["duration_ns"].sum() / ctx.n_steps
     if ns < 0.15 * ctx.step_ns:
         return None
     short = ctx.km[ctx.km["kernel_class"] == "overhead"]
-    return Recommendation(
-        "GD-OVERHEAD-BOUND", "The GPU waits for the host to launch kernels", ns,
-        "host-bound GPU idle time between kernels per step (removed if launches were free)",
+    floor = loop_floor(ctx)
+    rec = Recommendation(
+        "GD-OVERHEAD-BOUND", "The GPU waits for the host to launch kernels",
+        ns if floor is None else min(ns, max(ctx.step_ns - graph_floor_ns(floor, 1.0), 0.0)),
+        "host-bound GPU idle time between kernels per step (removed if launches were free)" if floor is None else
+        "host-bound GPU idle time between kernels per step, at most the step less what CUDA graphs of the model "
+        "leave: the loop's own host time outside the forwards plus the kernels",
         [f"{ns / 1e6:.2f} ms/step of GPU idle with an empty launch queue ({100 * ns / ctx.step_ns:.0f} % of the step), "
          f"{len(idle) / ctx.n_steps:.0f} gaps/step",
          f"{len(ctx.km) / ctx.n_steps:.0f} kernel launches/step, {len(short) / ctx.n_steps:.0f} of them overhead-bound"],
         "Capture the step in a CUDA Graph (`torch.cuda.graphs`, or `torch.compile(model, mode=\"reduce-overhead\")`), "
         "fuse small ops (`torch.compile`), or raise the batch size so each kernel does more work.")
+    if floor is not None:
+        rec.graph_floor = floor | {"idle_ns": ns}  # the bare run's correction caps the uncapped idle again
+        rec.evidence.append(f"{floor['forwards_per_step']:.0f} forward calls per step with {floor['outside_ns'] / 1e6:.2f} "
+                            f"ms/step of host time outside them (the loop's own: CUDA graphs of the model keep it) "
+                            f"and {floor['kernel_ns'] / 1e6:.2f} ms/step of kernels")
+    return rec
 
 
 def host_syncs(ctx: RuleContext) -> Recommendation | None:

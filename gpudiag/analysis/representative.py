@@ -88,6 +88,12 @@ def _correct_overhead_rule(report: dict, inflation_ns: float, bare_ns: float) ->
             continue
         raw = rec["saving_ns_per_step"]
         corrected = max(0.0, raw - inflation_ns)
+        floor = rec.get("graph_floor")
+        if floor:  # a loop of forwards: what CUDA graphs leave, scaled to the bare run (host_floor.graph_floor_ns)
+            from gpudiag.analysis.host_floor import graph_floor_ns
+
+            left = graph_floor_ns(floor, bare_ns / floor["profiled_step_ns"] if floor["profiled_step_ns"] else 1.0)
+            corrected = min(max(floor["idle_ns"] - inflation_ns, 0.0), max(bare_ns - left, 0.0))
         rec["saving_ns_per_step_under_profiler"] = raw
         rec["saving_ns_per_step"] = corrected
         rec["saving_percent_of_step"] = 100.0 * corrected / bare_ns

@@ -352,7 +352,8 @@ def _findings(k: pd.DataFrame, km: pd.DataFrame, detail_step: int | None, idle: 
     recommendations, suppressed = _recommendations(
         km, detail, idle, t.runtime_api, api_m, t.memcpy, steps, measured_ids, n, step_ns, device_peaks, ncu,
         _rule_context(rule_inputs.status, rule_inputs.dev, rule_inputs.compiled, all_candidates, measured_ids)
-        | {"phase_host_ns": host_floor.phase_ranges_ns(t.nvtx, steps.table, measured_ids)}) if n else ([], [])
+        | {"phase_host_ns": host_floor.phase_ranges_ns(t.nvtx, steps.table, measured_ids),
+           "outside_modules": host_floor.outside_modules(t.nvtx, steps.table, measured_ids)}) if n else ([], [])
     host_ns = host_floor.host_ns_per_step(api_m) if n else None  # the step cannot get shorter than this
     host_floor.bound_by_host(recommendations, float(measured["step_time_ns"].median()) if n else 0.0, host_ns)
     candidates = all_candidates[:10]
