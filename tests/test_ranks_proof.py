@@ -125,3 +125,23 @@ def test_torchrun_running_gpudiag_gives_every_rank_its_own_run(run):
     assert (RANKS / run / "rank1" / "terminal.log").read_text().count("report: ") == 1
     assert not (RANKS / run / "rank0" / "terminal.log").exists()
     assert (RANKS / run / "profile.log").read_text().count("report: ") == 1
+
+
+def test_the_ranks_table_shows_each_ranks_op_calls(straggler):
+    """Terminal and HTML: a row per rank with its op calls (the SQL count of the export)."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from gpudiag.reports import html, terminal
+
+    export, report = straggler
+    oracle = _op_ranges_by_pid(export)
+    out = io.StringIO()
+    terminal.render(report, Console(file=out, width=220))
+    text = out.getvalue()
+    page = html.render(report)
+    for row in report["ranks"]["ranks"]:
+        assert re.search(rf"│\s+{row['rank']} │\s+{row['pid']} │\s+0 │\s+{oracle[row['pid']]} │", text)
+        assert f"<td>{row['pid']}</td><td>0</td><td>{row['measured_steps']}</td><td>{oracle[row['pid']]}</td>" in page

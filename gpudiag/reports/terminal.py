@@ -108,11 +108,13 @@ def render_communication(result: dict, console: Console) -> None:
     if not ranks:
         return
     table = Table(title=f"ranks ({len(ranks['ranks'])} processes)", show_header=True, header_style="bold")
-    for col in ("rank", "pid", "GPU", "step time (median)", "without profiler", "GPU busy", "exposed comm/step",
-                "vs fastest"):
+    for col in ("rank", "pid", "GPU", "op calls", "step time (median)", "without profiler", "GPU busy",
+                "exposed comm/step", "vs fastest"):
         table.add_column(col, justify="right")
     for r in ranks["ranks"]:
+        ops = r.get("op_calls_recorded")
         table.add_row(Text(str(r["rank"] if r["rank"] is not None else "-")), str(r["pid"]), str(r["device_id"]),
+                      "-" if ops is None else str(ops),
                       fmt_ns(r["step_time_ns_median"]), fmt_ns(r.get("bare_step_time_ns_median")),
                       fmt_pct(r["gpu_busy_percent"]),
                       fmt_ns(r["exposed_communication_ns_per_step"]), fmt_pct(r["slower_than_fastest_percent"]))
