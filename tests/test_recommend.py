@@ -116,3 +116,18 @@ def test_multi_stream_critical_path(analysed):
     assert serialized > 3 * critical
     _, legacy = analysed("mlp_decode")  # captured before storage addresses were recorded: no verdict
     assert "GD-MULTI-STREAM" not in {r["rule_id"] for r in legacy["recommendations"]}
+
+
+def test_overhead_bound_stays_silent_on_an_input_stall(analysed):
+    """A step that waits for its data before its first kernel is not overhead-bound: that idle is
+    the input stall's (GD-INPUT-STALL), not launches'. On the bad input pipeline (H200) the GPU
+    idles most of the step, nearly all of it before the first kernel; GD-OVERHEAD-BOUND must not
+    count it (a mutation that dropped ``~at_step_start`` from the rule passed every test)."""
+    _, report = analysed("input_pipeline_bad")
+    idle = report["idle"]
+    step = report["steps"]["step_time_ns"]["mean"]
+    between = idle["host_bound_idle_ns_per_step"] - idle["step_start_idle_ns_per_step"]
+    assert idle["step_start_idle_ns_per_step"] > 0.5 * step  # the stall dominates the step
+    assert between < 0.15 * step  # what is left is under the rule's threshold
+    ids = {r["rule_id"] for r in report["recommendations"] + report.get("suppressed", [])}
+    assert "GD-INPUT-STALL" in ids and "GD-OVERHEAD-BOUND" not in ids
