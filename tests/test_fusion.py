@@ -185,3 +185,20 @@ def test_swiglu_forward_spans_the_up_proj_gemm(export_path):
     mul = next(i for i in range(silu + 1, len(ops)) if ops[i].startswith('gpudiag:op {"op":"aten::mul"'))
     between = [t.split('"')[3] for t in ops[silu + 1:mul]]
     assert {"aten::mm", "aten::linear", "aten::matmul"} & set(between), between
+
+
+def test_the_fused_floor_is_one_pass_over_external_bytes_plus_one_launch(analysed):
+    """Data-flow candidates (GPT-2, H200): the fused floor is the group's external bytes at the
+    peak bandwidth plus one kernel launch, and the saving per step what the chain takes over it per
+    occurrence (a mutation that dropped the launch term passed every test)."""
+    import pytest
+
+    _, report = analysed("gpt2_train_bf16")
+    assert report["fusion_source"] == "op_dataflow"
+    bandwidth = report["device"]["memory_bandwidth_bytes_per_s"]
+    launch = report["device"]["launch_overhead_ns"]
+    assert launch > 0
+    for c in report["fusion_candidates"]:
+        assert c["fused_floor_ns"] == pytest.approx(c["external_bytes"] / bandwidth * 1e9 + launch, rel=1e-9)
+        assert c["saving_ns_per_step"] == pytest.approx(max(c["chain_ns"] - c["fused_floor_ns"], 0.0)
+                                                        * c["occurrences_per_step"], rel=1e-9)
