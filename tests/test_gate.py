@@ -271,3 +271,32 @@ def test_peak_memory_is_gated(runs, tmp_path):
     assert result.exit_code == 1
     verdicts = {m["name"]: m["verdict"] for m in json.loads(result.output)["metrics"]}
     assert verdicts["peak_memory"] == "regression" and verdicts["step_time"] == "ok"
+
+
+_STEADY = [100e6] * 4 + [101e6] * 3  # a baseline with a little spread
+_NOISY_A = [80e6, 140e6, 80e6, 140e6, 80e6, 140e6, 80e6]  # median 80 ms, wide
+_NOISY_B = [140e6, 80e6, 140e6, 140e6, 80e6, 140e6, 140e6]  # median 140 ms: large, not significant
+
+
+@pytest.mark.parametrize("base,cur,direction,expected", [
+    # large (past 5 % and the 20 µs floor) and significant: the direction decides
+    (_STEADY, [110e6] * 7, "lower", "regression"),
+    ([110e6] * 7, _STEADY, "lower", "improvement"),
+    (_STEADY, [110e6] * 7, "higher", "improvement"),  # tokens/s up
+    ([110e6] * 7, _STEADY, "higher", "regression"),  # tokens/s down
+    # large but not significant: a warning when worse, nothing when better
+    (_NOISY_A, _NOISY_B, "lower", "warning"),
+    (_NOISY_B, _NOISY_A, "lower", "ok"),
+    (_NOISY_B, _NOISY_A, "higher", "warning"),
+    # significant but small: under the 5 % threshold
+    (_STEADY, [103e6] * 7, "lower", "ok"),
+    # significant and 100 % larger, but under the 20 µs absolute floor
+    ([5e3] * 7, [10e3] * 7, "lower", "ok"),
+])
+def test_the_gate_decision_table(base, cur, direction, expected):
+    """Each verdict from the three conditions of the module docstring (relative threshold, absolute
+    noise floor, Mann-Whitney U significance) and the metric's direction, one row per case."""
+    b = {"step_time": Metric("step_time", "ns", [float(x) for x in base], direction)}
+    c = {"step_time": Metric("step_time", "ns", [float(x) for x in cur], direction)}
+    (result,) = compare(b, c, GateConfig())
+    assert result.verdict == expected, (result.change, result.p_value)
