@@ -27,6 +27,8 @@ from gpudiag.capture.instrument import CaptureConfig, detect_step_mode
 from gpudiag.capture.run import capture_ncu
 from gpudiag.cli.main import cli
 
+pytest.importorskip("torch")  # the scripts these tests run (or import) use torch
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SWIN_EXPORT = REPO_ROOT / "examples" / "swin_t_train_bf16.sqlite.xz"
 CHILD_TIMEOUT_S = 120

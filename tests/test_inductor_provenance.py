@@ -27,7 +27,9 @@ from gpudiag.analysis.attribution import Steps, attribute
 from gpudiag.analysis.compiled import Prefix, align_call, attribute_compiled, resolve
 from gpudiag.capture import inductor_provenance as ip
 
-from test_capture import _child_env, push_pop_pairs
+pytest.importorskip("torch")  # the scripts these tests run (or import) use torch
+
+from test_capture import _child_env, push_pop_pairs  # noqa: E402
 
 TIMEOUT_S = 400
 

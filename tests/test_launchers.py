@@ -14,7 +14,9 @@ import pytest
 
 from gpudiag.capture.instrument import CaptureConfig
 
-from test_capture import TRAIN_LOOP, _child_env, _write, fake_nsys, profile_cli  # noqa: F401 - fake_nsys is a fixture
+pytest.importorskip("torch")  # the scripts these tests run (or import) use torch
+
+from test_capture import TRAIN_LOOP, _child_env, _write, fake_nsys, profile_cli  # noqa: E402, F401 - fake_nsys is a fixture
 
 PACKAGE_MAIN = TRAIN_LOOP + """
 import argparse, sys
