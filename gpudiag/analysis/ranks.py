@@ -240,7 +240,7 @@ def _slowest(timed: list[dict], fastest: float, reports: dict[int, dict]) -> dic
     differs by less than :data:`LOCKSTEP` of the step between ranks."""
     s = max(timed, key=lambda r: r["step_time_ns_median"])
     quick = min(timed, key=lambda r: r["step_time_ns_median"])
-    ok = all(not (reports.get(r["global_pid"]) or {"error": 1}).get("error") for r in timed)
+    ok = all(reports.get(r["global_pid"]) and not reports[r["global_pid"]].get("error") for r in timed)
     lockstep = ok and (s["step_time_ns_median"] - fastest) <= LOCKSTEP * fastest
     if lockstep:
         own = {r["global_pid"]: _own_work_ns(reports[r["global_pid"]]) for r in timed}

@@ -114,7 +114,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     compiled = _compiled_in_measured_steps(compiled, t.kernels, attribution, measured_ids, status)
     k = _kernel_frame(t.kernels, attribution, classes, launches)
     km = k[k["step"].isin(measured_ids)]
-    idle = step_stats.idle_steps(idle, measured)
+    idle = step_stats.mark_step_start(step_stats.idle_steps(idle, measured), km)
     idle_m = idle[idle["step"].isin(measured_ids)]
     per_step = step_stats.per_step_entries(st, step_stats.class_ns_per_step(km, activities, measured_ids), idle_m)
     step_ns = float(measured["step_time_ns"].mean()) if n else float("nan")
@@ -444,21 +444,13 @@ def _idle_section(idle_m: pd.DataFrame, km: pd.DataFrame, stream_rows: list[dict
         "host_bound_idle_ns_per_step": step_stats.per_step(idle_m.loc[idle_m["host_bound"], "duration_ns"], n),
         "other_idle_ns_per_step": step_stats.per_step(idle_m.loc[~idle_m["host_bound"], "duration_ns"], n),
         "streams": stream_rows,
-        "step_start_idle_ns_per_step": _step_start_idle(idle_m, km, n),
+        # what GD-INPUT-STALL measures, without its 10 % threshold: the ranks table compares ranks by it
+        "step_start_idle_ns_per_step": step_stats.per_step(
+            idle_m.loc[idle_m["host_bound"] & idle_m["at_step_start"], "duration_ns"], n),
         "kernels_shorter_than_launch_per_step": float(km["shorter_than_launch"].sum()) / n if n else None,
         "median_queue_delay_ns": report_tables.num(km["queue_delay_ns"].median()),
         "top_waiting_kernels": top_waits,
     }
-
-
-def _step_start_idle(idle_m: pd.DataFrame, km: pd.DataFrame, n: int) -> float | None:
-    """Host-bound GPU idle before each measured step's first kernel, ns per step (what
-    GD-INPUT-STALL measures, without its 10 % threshold: the ranks table compares ranks by it)."""
-    if not n or idle_m.empty or km.empty:
-        return 0.0 if n else None
-    first = km.groupby("step")["start_ns"].min()
-    before = idle_m["host_bound"].to_numpy() & (idle_m["end_ns"].to_numpy() <= idle_m["step"].map(first).to_numpy())
-    return float(idle_m.loc[before, "duration_ns"].sum()) / n
 
 
 def _ranks(db: sqlite_utils.Database, procs: pd.DataFrame, options: dict, status: dict | None,
@@ -495,12 +487,7 @@ def _recommendations(km, detail, idle, runtime_api, api, memcpy, steps, measured
                                 steps.table, measured_ids)
               if not memcpy.empty else memcpy.assign(step=pd.Series(dtype=int)))
 
-    # Idle before a step's first kernel is the input stall (copies such as the previous step's
-    # `.item()` may run earlier in the window, so "before the first kernel", not "at the window start").
-    first_kernel = km.groupby("step")["start_ns"].min()
-    idle_ctx = idle[idle["step"].isin(measured_ids)].copy()
-    idle_ctx["at_step_start"] = idle_ctx["end_ns"].to_numpy() <= idle_ctx["step"].map(first_kernel).to_numpy()
-    ctx = RuleContext(km=km, detail=detail, api=api, memcpy=copies, idle=idle_ctx,
+    ctx = RuleContext(km=km, detail=detail, api=api, memcpy=copies, idle=idle[idle["step"].isin(measured_ids)],
                       n_steps=n, step_ns=step_ns, peaks=device_peaks, ncu=ncu, measured_steps=sorted(measured_ids),
                       **context)
     return recommend_split(ctx)

@@ -37,6 +37,15 @@ def idle_steps(idle: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
     return idle
 
 
+def mark_step_start(idle: pd.DataFrame, km: pd.DataFrame) -> pd.DataFrame:
+    """``idle`` (with ``step``) with ``at_step_start``: the interval ends at or before its step's
+    first kernel (``km``: the measured kernels). That idle is the input stall (GD-INPUT-STALL):
+    copies such as the previous step's ``.item()`` may run earlier in the window, so "before the
+    first kernel", not "at the window start"."""
+    first_kernel = km.groupby("step")["start_ns"].min()
+    return idle.assign(at_step_start=idle["end_ns"].to_numpy() <= idle["step"].map(first_kernel).to_numpy())
+
+
 def class_ns_per_step(km: pd.DataFrame, activities: pd.DataFrame, measured_ids: set) -> pd.DataFrame:
     """GPU time (ns) per measured step (rows) and kernel class (columns :data:`CLASSES`) of the
     measured kernels ``km`` and of the steps' copies and memsets (from ``activities``)."""

@@ -108,7 +108,7 @@ def render_communication(result: dict, console: Console) -> None:
     if not ranks:
         return
     table = Table(title=f"ranks ({len(ranks['ranks'])} processes)", show_header=True, header_style="bold")
-    for col in ("rank", "pid", "GPU", "op calls", "step time (median)", "without profiler", "GPU busy",
+    for col in ("rank", "pid", "GPU", "ops", "step time (median)", "without profiler", "GPU busy",
                 "exposed comm/step", "vs fastest"):
         table.add_column(col, justify="right")
     for r in ranks["ranks"]:
