@@ -188,7 +188,7 @@ def test_summary_reports_optimizer_mode_and_completed_steps(optimizer_capture):
     # training: no inference outputs kept, no stepping module (steps come from the optimizer)
     assert summary.pop("outputs") == {} and summary.pop("root_parameters") is None
     # one backward() per step, and no DistributedDataParallel (GD-DDP-NO-SYNC reads both)
-    assert summary.pop("backward_calls") == {"0": 1, "1": 1, "2": 1, "3": 1} and summary.pop("ddp") is None
+    assert summary.pop("backward_calls") == {"0": 1, "1": 1, "2": 1, "3": 1} and summary.pop("ddp") is None and summary.pop("fsdp") is None
     assert window["window_steps"] is None and window["window_complete"] is False and window["capture_range"] is False
     assert window["steps_regex"] is None and window["window_start_unix_s"] is not None  # step 1 opened
     assert summary == {"step_mode": "optimizer", "steps_completed": 4, "detail_step": 1, "warmup_steps": 1,

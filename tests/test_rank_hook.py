@@ -229,7 +229,7 @@ def _accumulating_rank(tmp_path: Path, no_sync: bool) -> dict:
 def test_ddp_gradient_accumulation_without_no_sync_is_advised(tmp_path, analysed, export_path):
     """A gloo DDP job accumulating over 2 micro-batches: each rank records DDP's settings and 2
     backward() calls per step. On a real capture with (constructed) NCCL all-reduces, GD-DDP-NO-SYNC
-    predicts half the collective time; with no collective kernel (gloo) it fires unestimated; with
+    predicts half the exposed collective time (the step is GPU-bound); with no collective kernel (gloo) it fires unestimated; with
     no_sync() it does not fire."""
     from multi_gpu_exports import with_collectives
 
@@ -245,7 +245,9 @@ def test_ddp_gradient_accumulation_without_no_sync_is_advised(tmp_path, analysed
     nccl = with_collectives(export_path("mlp_chain_b4096"), tmp_path / "nccl.sqlite")
     report = analyse(ingest(nccl, tmp_path / "nccl.run.sqlite"), status=status)
     rec = next(r for r in report["recommendations"] + report["suppressed"] if r["rule_id"] == "GD-DDP-NO-SYNC")
-    assert rec["saving_ns_per_step"] == pytest.approx(report["communication"]["kernel_ns_per_step"] / 2)
+    # one process: no transfer/wait split, so the exposed communication counts; on a GPU-bound step
+    assert "GPU-bound" in rec["estimate"]
+    assert rec["saving_ns_per_step"] == pytest.approx(report["communication"]["exposed_ns_per_step"] / 2)
     db, _ = analysed("input_pipeline_good")
     gloo = analyse(db, status=status)
     rec = next(r for r in gloo["recommendations"] if r["rule_id"] == "GD-DDP-NO-SYNC")
@@ -312,3 +314,36 @@ def test_nproc_per_node_refuses_a_launcher_as_the_target(tmp_path):
 
     result = CliRunner().invoke(cli, ["profile", "--nproc-per-node", "2", "-m", "torch.distributed.run", "--", "x.py"])
     assert result.exit_code != 0 and "give the script" in result.output and "Traceback" not in result.output
+
+
+FSDP = """
+import torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+fully_shard(model[0], reshard_after_forward=False)
+fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+for step in range(10000):
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_fsdp2_settings_are_recorded_in_each_rank(tmp_path):
+    """FSDP2 on CPU with gloo: each rank records its sharded units, the reshard_after_forward values
+    passed (the default as True) and the root's unsharded parameter bytes (fp32, counted here)."""
+    proc, status_path = _torchrun(tmp_path, CaptureConfig(warmup_steps=1, window_steps=2, bare=True), body=FSDP)
+    if proc.returncode != 0 and "fully_shard" in proc.stderr and "not supported" in proc.stderr:
+        pytest.skip("this torch's FSDP2 does not run on CPU tensors")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in json.loads(status_path.read_text())["ranks"]:
+        assert rank["ddp"] is None
+        assert rank["fsdp"] == {"api": "fully_shard", "units": 2, "reshard_after_forward": [False, True],
+                                "cpu_offload": False, "parameter_bytes": 4 * (16 * 32 + 32 + 32 * 4 + 4)}
+        assert rank["steps_completed"] == 3

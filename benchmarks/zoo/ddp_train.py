@@ -11,10 +11,11 @@ batch 8 per rank), random tokens seeded per rank.
 
 ``--straggle-rank R --straggle-ms MS``: rank R sleeps MS ms in its data step (the input pipeline
 of one rank is slow); ``--accum N``: N micro-batches per optimizer step, all of them all-reducing
-(no ``no_sync()``); rank 0 prints ``median_step_ms`` (CUDA events, after ``--warmup`` steps).
+unless ``--no-sync``; rank 0 prints ``median_step_ms`` (CUDA events, after ``--warmup`` steps).
 """
 
 import argparse
+import contextlib
 import os
 import time
 
@@ -64,7 +65,8 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) in place of DDP")
     parser.add_argument("--no-reshard", action="store_true", help="FSDP: reshard_after_forward=False")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's gradient bucket size")
-    parser.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (no no_sync())")
+    parser.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--no-sync", action="store_true", help="DDP: no_sync() on all micro-batches but the last")
     parser.add_argument("--straggle-rank", type=int, default=-1)
     parser.add_argument("--straggle-ms", type=float, default=20.0)
     parser.add_argument("--backend", default=None, help="default: nccl with a GPU per rank, else gloo")
@@ -87,11 +89,13 @@ def main() -> None:
     timer = StepTimer(device)
     for _ in range(args.steps):
         timer.start()
-        for _ in range(args.accum):
+        for micro in range(args.accum):
             tokens = next(data)
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = model(input_ids=tokens, labels=tokens).loss / args.accum
-            loss.backward()
+            quiet = args.no_sync and not args.fsdp and micro < args.accum - 1
+            with model.no_sync() if quiet else contextlib.nullcontext():
+                with torch.autocast(device.type, dtype=torch.bfloat16):
+                    loss = model(input_ids=tokens, labels=tokens).loss / args.accum
+                loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         timer.stop()

@@ -147,12 +147,21 @@ def _rule_saving(report: dict, rule_id: str) -> float:
 
 
 def _kernel_ns(report: dict) -> float:
-    """GPU busy time per step (median over measured steps; the breakdown's "overhead" holds
-    host-bound idle too, so it is not used here)."""
+    """GPU work per step: busy time (median over measured steps; the breakdown's "overhead" holds
+    host-bound idle too, so it is not used here) less the exposed communication, which on the
+    ranks that arrive first is mostly waiting for the last (:mod:`gpudiag.analysis.comm`)."""
     import statistics
 
     busy = [m["busy_ns"] for m in report.get("per_step_metrics") or [] if m.get("busy_ns") is not None]
-    return float(statistics.median(busy)) if busy else 0.0
+    exposed = (report.get("communication") or {}).get("exposed_ns_per_step") or 0.0
+    return max(float(statistics.median(busy)) - float(exposed), 0.0) if busy else 0.0
+
+
+def _waits_ns(report: dict) -> float:
+    """Time per step its collectives wait for other ranks (transfer split, comm module doc); the
+    exposed communication where the export could not split it."""
+    c = report.get("communication") or {}
+    return float(c.get("wait_ns_per_step") if c.get("wait_ns_per_step") is not None else c.get("exposed_ns_per_step") or 0.0)
 
 
 # Ranks whose median steps differ by less than this run in lockstep (a collective every step ends
@@ -178,16 +187,15 @@ def _stall_ns(report: dict) -> float:
 def straggler_cause(slow: dict, fast: dict) -> dict:
     """Why the slowest rank is slower than the fastest, from their reports (ns per measured step):
     the largest of the input stall (idle before the steps' first kernel: what GD-INPUT-STALL measures), more
-    GPU busy time (with the kernels per step), more host time (the
-    rest of its host-bound idle) and late arrival at the collective (the fastest rank's exposed
-    communication over the slowest's: it waits there for the straggler). Returns {"cause",
+    GPU work (busy time less exposed communication, with the kernels per step), more host time (the
+    rest of its host-bound idle) and late arrival at the collective (the fastest rank's wait in
+    its collectives over the slowest's: it waits there for the straggler). Returns {"cause",
     "excess_ns", "components": {cause: ns}, "text"}; components under 0 count as 0, and with none
     above 0 the cause is None."""
     stall = _stall_ns(slow) - _stall_ns(fast)
     host = ((slow.get("idle") or {}).get("host_bound_idle_ns_per_step") or 0.0) - \
         ((fast.get("idle") or {}).get("host_bound_idle_ns_per_step") or 0.0) - max(stall, 0.0)
-    waits = ((fast.get("communication") or {}).get("exposed_ns_per_step") or 0.0) - \
-        ((slow.get("communication") or {}).get("exposed_ns_per_step") or 0.0)
+    waits = _waits_ns(fast) - _waits_ns(slow)
     components = {"input stall": stall, "more GPU work": _kernel_ns(slow) - _kernel_ns(fast),
                   "more host time": host, "late arrival at the collective": waits}
     components = {k: max(float(v), 0.0) for k, v in components.items()}
@@ -233,25 +241,32 @@ def _who(row: dict) -> str:
 
 
 def _slowest(timed: list[dict], fastest: float, reports: dict[int, dict]) -> dict:
-    """``slowest`` of :func:`merged_view`: the rank with the longest median step and why. Ranks in
-    lockstep (median steps within :data:`LOCKSTEP`) all take as long as the slowest: there the
-    straggler is the rank the others wait for, the one with the most time of its own per step
-    (:func:`_own_work_ns`), and ``lockstep`` is set; ``balanced`` (and no cause) when that time
-    differs by less than :data:`LOCKSTEP` of the step between ranks."""
+    """``slowest`` of :func:`merged_view`: the rank the others wait for, and why.
+
+    - Ranks whose collectives were split into transfer and wait (NCCL kernels of every rank in the
+      export, :mod:`gpudiag.analysis.comm`): the straggler is the rank whose collectives wait
+      least, the last to arrive; ``waited_for_ns`` is how much longer per step the rank that
+      waits most waits; ``collective_waits`` is set.
+    - Else ranks in lockstep (median steps within :data:`LOCKSTEP`) all take as long as the
+      slowest: the straggler is the one with the most time of its own per step
+      (:func:`_own_work_ns`); ``lockstep`` is set.
+    - Else the rank with the longest median step.
+
+    ``balanced`` (and no cause) when the wait, or the own time, differs by less than
+    :data:`LOCKSTEP` of the fastest step between ranks."""
+    ok = all(reports.get(r["global_pid"]) and not reports[r["global_pid"]].get("error") for r in timed)
+    waits = {r["global_pid"]: ((reports[r["global_pid"]].get("communication") or {}).get("wait_ns_per_step"))
+             for r in timed} if ok else {}
+    if waits and all(w is not None for w in waits.values()):
+        return _waited_for(timed, fastest, reports, waits)
     s = max(timed, key=lambda r: r["step_time_ns_median"])
     quick = min(timed, key=lambda r: r["step_time_ns_median"])
-    ok = all(reports.get(r["global_pid"]) and not reports[r["global_pid"]].get("error") for r in timed)
     lockstep = ok and (s["step_time_ns_median"] - fastest) <= LOCKSTEP * fastest
     if lockstep:
         own = {r["global_pid"]: _own_work_ns(reports[r["global_pid"]]) for r in timed}
         s = max(timed, key=lambda r: own[r["global_pid"]])
         quick = min(timed, key=lambda r: own[r["global_pid"]])
-    excess = s["step_time_ns_median"] - fastest
-    out = {"global_pid": s["global_pid"], "pid": s["pid"], "device_id": s["device_id"], "rank": s["rank"],
-           "step_time_ns_median": s["step_time_ns_median"], "excess_over_fastest_ns": excess,
-           "excess_over_fastest_percent": s["slower_than_fastest_percent"], "lockstep": lockstep,
-           "text": (f"slowest: {_who(s)} on GPU {s['device_id']}, median step {s['step_time_ns_median'] / 1e6:.2f} ms, "
-                    f"{excess / 1e6:.2f} ms ({s['slower_than_fastest_percent']:.1f} %) over the fastest rank")}
+    out = _slowest_head(s, fastest, lockstep)
     if lockstep:
         gap = own[s["global_pid"]] - own[quick["global_pid"]]
         out["own_work_over_fastest_ns"] = gap
@@ -267,6 +282,41 @@ def _slowest(timed: list[dict], fastest: float, reports: dict[int, dict]) -> dic
     if not slow_report.get("error") and not fast_report.get("error"):
         out["why"] = straggler_cause(slow_report, fast_report)
         out["text"] += "; why: " + out["why"]["text"]
+    return out
+
+
+def _slowest_head(s: dict, fastest: float, lockstep: bool) -> dict:
+    excess = s["step_time_ns_median"] - fastest
+    return {"global_pid": s["global_pid"], "pid": s["pid"], "device_id": s["device_id"], "rank": s["rank"],
+            "step_time_ns_median": s["step_time_ns_median"], "excess_over_fastest_ns": excess,
+            "excess_over_fastest_percent": s["slower_than_fastest_percent"], "lockstep": lockstep,
+            "text": (f"slowest: {_who(s)} on GPU {s['device_id']}, median step {s['step_time_ns_median'] / 1e6:.2f} ms, "
+                     f"{excess / 1e6:.2f} ms ({s['slower_than_fastest_percent']:.1f} %) over the fastest rank")}
+
+
+def _waited_for(timed: list[dict], fastest: float, reports: dict[int, dict], waits: dict) -> dict:
+    """:func:`_slowest` from the collectives' waits: the last rank to arrive waits least."""
+    s = min(timed, key=lambda r: waits[r["global_pid"]])
+    waiter = max(timed, key=lambda r: waits[r["global_pid"]])
+    gap = waits[waiter["global_pid"]] - waits[s["global_pid"]]
+    out = {**_slowest_head(s, fastest, True), "collective_waits": True, "waited_for_ns": gap}
+    if gap < LOCKSTEP * fastest:
+        out["balanced"] = True
+        out["text"] = (f"the ranks' collectives wait for each other less than {gap / 1e6:.2f} ms per step: "
+                       "balanced, no straggler")
+        return out
+    out["text"] = (f"the others wait for {_who(s)} on GPU {s['device_id']}: in their collectives {_who(waiter)} waits "
+                   f"{gap / 1e6:.2f} ms per step more for it (NCCL kernels spin until the last rank arrives)")
+    why = straggler_cause(reports[s["global_pid"]], reports[waiter["global_pid"]])
+    # arriving late is what was found; the cause is what the late rank does before the collective
+    own = {k: v for k, v in why["components"].items() if k != "late arrival at the collective"}
+    cause = max(own, key=own.get)
+    out["why"] = ({**why, "cause": cause, "excess_ns": own[cause], "text": why["text"] if why["cause"] == cause else
+                   f"{cause}: {own[cause] / 1e6:.2f} ms per step more than {_who(waiter)}"} if own[cause] > 0 else
+                  {**why, "cause": None, "excess_ns": 0.0,
+                   "text": "not in its report: its input stall, GPU work and host-bound GPU idle are no larger; "
+                           "its host is slower between launches (compare its bare step)"})
+    out["text"] += "; why: " + out["why"]["text"]
     return out
 
 

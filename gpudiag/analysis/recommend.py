@@ -81,6 +81,7 @@ class RuleContext:
     inference: dict | None = None  # steps are requests: step_mode, root_parameters (gpudiag.analysis.serving)
     distributed: dict | None = None  # DDP settings and backward() calls per step (gpudiag.analysis.distributed_rules)
     communication_ns: float = 0.0  # collective kernel time per step (the rules see km without collectives)
+    collectives: pd.DataFrame = field(default_factory=pd.DataFrame)  # the collective kernels taken out of km
 
 
 def _top(df: pd.DataFrame, n_steps: int, k: int = 3) -> list[str]:
@@ -531,7 +532,8 @@ def recommend_split(ctx: RuleContext) -> tuple[list[dict], list[dict]]:
         return shown, suppressed
     if "kernel_class" in ctx.km:  # no roofline rule applies to collectives (NCCL's small grids are deliberate)
         comm = ctx.km["kernel_class"] == COMMUNICATION
-        ctx = replace(ctx, km=ctx.km[~comm], communication_ns=float(ctx.km.loc[comm, "duration_ns"].sum()) / ctx.n_steps)
+        ctx = replace(ctx, km=ctx.km[~comm], communication_ns=float(ctx.km.loc[comm, "duration_ns"].sum()) / ctx.n_steps,
+                      collectives=ctx.km[comm])
     for rule in RULES:
         rec = rule(ctx)
         if rec is None:

@@ -24,6 +24,7 @@ from gpudiag.analysis import peaks as peaks_mod
 from gpudiag.analysis.attribution import (Steps, attribute, find_steps, launch_calls, op_call_payloads, run_flags,
                                           window_index)
 from gpudiag.analysis.errors import AnalysisError
+from gpudiag.analysis.families import COMMUNICATION, families
 from gpudiag.analysis.classify import classify
 from gpudiag.analysis import host_floor
 from gpudiag.analysis.fusion import fusion_candidates, mark_host_bound, saving_by_kernel
@@ -195,6 +196,8 @@ def _load(db: sqlite_utils.Database, meta: dict, warnings: list[str]) -> Tables:
         raise AnalysisError("the export holds no CUDA kernels: was the script run on a GPU with CUDA tracing on (nsys --trace=cuda)?")
     if nvtx.empty:
         nvtx = pd.DataFrame(columns=["start_ns", "end_ns", "text", "global_tid", "global_pid", "event_type", "domain_id"])
+    # before one process is kept: a collective's transfer part needs every rank's kernels (comm module doc)
+    kernels["transfer_ns"] = comm.peer_transfer_ns(kernels, (families(kernels["name"]) == COMMUNICATION).to_numpy())
     if runtime_api.empty:
         warnings.append("no CUDA API calls in the export: steps, modules and host-bound idle time cannot be attributed")
     return Tables(kernels, runtime_api, nvtx, devices, memcpy, memset)
@@ -203,9 +206,13 @@ def _load(db: sqlite_utils.Database, meta: dict, warnings: list[str]) -> Tables:
 def _one_process(t: Tables, process: int | None, warnings: list[str]) -> tuple[Tables, pd.DataFrame | None]:
     """``t`` restricted to the rows of one process: ``process``, else the one with the most kernel
     time (with a warning); and, when several processes launched kernels and ``process`` is None,
-    every process (:func:`gpudiag.analysis.ranks.processes`) for the ranks table, else None."""
-    # One process per report: step numbers, stream ids and correlation ids are per process.
-    kernel_ns_by_pid = t.kernels.groupby("global_pid")["duration_ns"].sum()
+    every process (:func:`gpudiag.analysis.ranks.processes`) for the ranks table, else None.
+    Kernel time here leaves out the collectives' wait for other ranks."""
+    # One process per report: step numbers, stream ids and correlation ids are per process. Its
+    # kernel time leaves out what collectives spent waiting for other ranks (comm module doc): the
+    # ranks that arrive first spin longest, and the report covers the one the others wait for.
+    work = t.kernels["duration_ns"] - (t.kernels["duration_ns"] - t.kernels["transfer_ns"]).fillna(0.0)
+    kernel_ns_by_pid = work.groupby(t.kernels["global_pid"]).sum()
     procs = ranks.processes(t.kernels) if len(kernel_ns_by_pid) > 1 and process is None else None
     if process is not None and process not in kernel_ns_by_pid.index:
         raise AnalysisError(f"process {ranks.os_pid(process)} (globalPid {process}) launched no kernel in this export")
@@ -213,8 +220,9 @@ def _one_process(t: Tables, process: int | None, warnings: list[str]) -> tuple[T
         return t, procs
     pid = kernel_ns_by_pid.idxmax() if process is None else process
     if process is None:
+        waits = ", waits for other ranks in collectives left out" if t.kernels["transfer_ns"].notna().any() else ""
         warnings.append(f"{len(kernel_ns_by_pid)} processes launched kernels; this report covers the one with the most "
-                        f"kernel time (pid {ranks.os_pid(pid)}, {100 * kernel_ns_by_pid[pid] / kernel_ns_by_pid.sum():.0f} %); "
+                        f"kernel time{waits} (pid {ranks.os_pid(pid)}, {100 * kernel_ns_by_pid[pid] / kernel_ns_by_pid.sum():.0f} %); "
                         "the ranks table compares them all")
     own = {name: getattr(t, name) for name in ("runtime_api", "nvtx", "memcpy", "memset")}
     return t._replace(kernels=t.kernels[t.kernels["global_pid"] == pid].reset_index(drop=True),

@@ -1,20 +1,30 @@
-"""What a process's ``DistributedDataParallel`` does that the capture cannot show (issue 22): its
-bucket size, whether ``no_sync()`` is used, and how many ``backward()`` calls each step makes
-(gradient accumulation). Read by GD-DDP-NO-SYNC (:mod:`gpudiag.analysis.distributed_rules`).
+"""What a process's data-parallel wrapper does that the capture cannot show (issue 22): for
+``DistributedDataParallel`` its bucket size, whether ``no_sync()`` is used, and how many
+``backward()`` calls each step makes (gradient accumulation); for FSDP2's ``fully_shard`` (and
+FSDP1's ``FullyShardedDataParallel``) the units it shards, ``reshard_after_forward`` and the
+offload policy. Read by :mod:`gpudiag.analysis.distributed_rules`.
 
 Installed by the launcher in every process; it wraps ``DistributedDataParallel.__init__`` and
-``no_sync`` (class attributes, before the script builds its model), no per-call hook.
+``no_sync``, ``torch.distributed.fsdp.fully_shard`` and ``FullyShardedDataParallel.__init__``
+(module and class attributes, before the script builds its model: a script's
+``from torch.distributed.fsdp import fully_shard`` then gets the wrapper), no per-call hook.
 """
 
 from __future__ import annotations
 
 import functools
 
-_seen: dict = {"ddp": None, "no_sync_calls": 0}
+_seen: dict = {"ddp": None, "no_sync_calls": 0, "fsdp": None}
 
 
 def install() -> None:
-    """Wrap ``torch.nn.parallel.DistributedDataParallel`` once (a no-op if torch lacks it)."""
+    """Wrap DDP and FSDP once (each a no-op if torch lacks it)."""
+    _install_ddp()
+    _install_fsdp()
+
+
+def _install_ddp() -> None:
+    """Wrap ``torch.nn.parallel.DistributedDataParallel`` once."""
     try:
         from torch.nn.parallel import DistributedDataParallel as ddp
     except ImportError:  # a torch without distributed support
@@ -41,8 +51,61 @@ def install() -> None:
     ddp.__init__, ddp.no_sync = __init__, no_sync
 
 
+def _param_bytes(module) -> int:
+    return int(sum(p.numel() * p.element_size() for p in module.parameters()))
+
+
+def _record_fsdp(api: str, module, reshard, offload: bool) -> None:
+    """One sharded unit: the root is the largest module wrapped (its parameters include all)."""
+    seen = _seen["fsdp"] or {"api": api, "units": 0, "reshard_after_forward": [], "cpu_offload": False,
+                             "parameter_bytes": 0}
+    seen["units"] += 1
+    if reshard not in seen["reshard_after_forward"]:
+        seen["reshard_after_forward"].append(reshard)
+    seen["cpu_offload"] = seen["cpu_offload"] or offload
+    seen["parameter_bytes"] = max(seen["parameter_bytes"], _param_bytes(module))
+    _seen["fsdp"] = seen
+
+
+def _install_fsdp() -> None:
+    """Wrap FSDP2's ``fully_shard`` (module attribute) and FSDP1's ``__init__`` once."""
+    try:
+        import torch.distributed.fsdp as fsdp
+    except ImportError:  # a torch without distributed support
+        return
+    original = getattr(fsdp, "fully_shard", None)
+    if original is not None and not getattr(original, "__gpudiag__", False):
+        @functools.wraps(original)  # keeps ``fully_shard.state`` (its __dict__)
+        def fully_shard(module, *args, **kwargs):
+            offload = type(kwargs.get("offload_policy")).__name__ == "CPUOffloadPolicy"
+            reshard = kwargs.get("reshard_after_forward")
+            _record_fsdp("fully_shard", module, True if reshard is None else reshard, offload)
+            return original(module, *args, **kwargs)
+
+        fully_shard.__gpudiag__ = True
+        fsdp.fully_shard = fully_shard
+    cls = getattr(fsdp, "FullyShardedDataParallel", None)
+    if cls is None or getattr(cls.__init__, "__gpudiag__", False):
+        return
+    original_init = cls.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, module, *args, **kwargs):
+        strategy = kwargs.get("sharding_strategy")
+        # FULL_SHARD (the default) frees gathered parameters after forward, as reshard_after_forward=True
+        reshard = strategy is None or getattr(strategy, "name", str(strategy)) in ("FULL_SHARD", "HYBRID_SHARD")
+        offload = bool(getattr(kwargs.get("cpu_offload"), "offload_params", False))
+        _record_fsdp("FullyShardedDataParallel", module, reshard, offload)
+        original_init(self, module, *args, **kwargs)
+
+    __init__.__gpudiag__ = True
+    cls.__init__ = __init__
+
+
 def summary() -> dict:
-    """The status entry ``ddp``: None when no DistributedDataParallel was built."""
-    if _seen["ddp"] is None:
-        return {"ddp": None}
-    return {"ddp": {**_seen["ddp"], "no_sync_calls": _seen["no_sync_calls"]}}
+    """The status entries ``ddp`` and ``fsdp``: each None when no such wrapper was built. ``fsdp``:
+    ``api``, ``units`` (modules sharded), ``reshard_after_forward`` (the values passed, True for
+    the default), ``cpu_offload``, ``parameter_bytes`` (the root's unsharded parameters)."""
+    fsdp = _seen["fsdp"]
+    ddp = None if _seen["ddp"] is None else {**_seen["ddp"], "no_sync_calls": _seen["no_sync_calls"]}
+    return {"ddp": ddp, "fsdp": dict(fsdp) if fsdp else None}

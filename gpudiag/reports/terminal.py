@@ -103,7 +103,10 @@ def render_communication(result: dict, console: Console) -> None:
     if comm:
         console.print(Text(f"communication: {fmt_ns(comm['kernel_ns_per_step'])}/step in collectives, "
                            f"{fmt_ns(comm['exposed_ns_per_step'])} exposed ({fmt_pct(comm['exposed_percent_of_step'])} "
-                           f"of the step), the rest hidden behind compute"), highlight=False)
+                           f"of the step), the rest hidden behind compute"
+                           + (f"; {fmt_ns(comm['wait_ns_per_step'])} of it waiting for other ranks, "
+                              f"{fmt_ns(comm['exposed_transfer_ns_per_step'])} of transfer exposed"
+                              if comm.get("wait_ns_per_step") is not None else "")), highlight=False)
     ranks = result.get("ranks")
     if not ranks:
         return
