@@ -40,6 +40,8 @@ def main() -> None:
     with torch.no_grad():
         for step in range(args.steps):
             with torch.cuda.nvtx.range(f"step {step}") if device.type == "cuda" else contextlib.nullcontext():
+                if args.compile_graphs:  # the graphs' outputs (the KV cache) are the previous step's: PyTorch's fix
+                    torch.compiler.cudagraph_mark_step_begin()
                 timer.start()
                 out = model.generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False,
                                      pad_token_id=0)
