@@ -127,3 +127,25 @@ def test_fsdp_settings_recorded_on_the_device():
     for rank in json.loads((NCCL / "vit_fsdp_shm" / "script_status.json").read_text())["ranks"]:
         assert rank["fsdp"]["units"] == 13 and rank["fsdp"]["reshard_after_forward"] == [True]
         assert rank["ddp"] is None and rank["world_size"] == 2
+
+
+def test_trials_under_the_launcher_on_two_gpus():
+    """`gpudiag profile --nproc-per-node 2 ddp_vit.py` with its default trials (NCCL over NVLink):
+    both trials ran in both ranks and were measured; a trial's step k is its slowest rank's (an
+    oracle written here); both changes made the job slower, as the same changes made by hand did."""
+    from gpudiag.trials import results
+
+    folder = NCCL / "vit_ddp_trials"
+    with lzma.open(folder / "report.json.xz", "rt") as f:
+        trials = {t["change"]: t for t in json.load(f)["trials"]}
+    assert set(trials) == {"compile", "fused-optimizer"}
+    hand = {row[0]: float(row[3]) for row in csv.reader(open(folder / "hand.tsv"), delimiter="\t")}
+    for change, flag in (("compile", "compile"), ("fused-optimizer", "fused")):
+        record = json.loads((folder / f"trial_{change}.json").read_text())
+        assert [r["rank"] for r in record["ranks"]] == [0, 1]
+        assert all(r["trial"]["applied"] for r in record["ranks"])
+        view = results.job_view(record)
+        for k, ns in view["step_wall_ns"].items():
+            assert ns == max(float(r["step_wall_ns"][k]) for r in record["ranks"])
+        assert trials[change]["status"] == "measured" and trials[change]["saving_ns"] < 0
+        assert hand[flag] > hand["base"]

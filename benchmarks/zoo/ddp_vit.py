@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--no-sync", action="store_true", help="DDP: no_sync() on all micro-batches but the last")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--compile", action="store_true", help="torch.compile of the wrapped model (by hand)")
+    parser.add_argument("--fused-optimizer", action="store_true", help="AdamW(fused=True) (by hand)")
     args = parser.parse_args()
 
     import timm
@@ -58,7 +60,9 @@ def main() -> None:
     dist.init_process_group("nccl" if cuda and torch.cuda.device_count() >= world else "gloo")
     torch.manual_seed(0)
     model = wrap(timm.create_model(args.model, pretrained=False, num_classes=1000).to(device), args, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if args.fused_optimizer else {}))
+    if args.compile:  # DDP's documented form: compile the wrapped model
+        model = torch.compile(model)
     g = torch.Generator(device=device).manual_seed(1 + dist.get_rank())
     images = torch.randn(args.batch, 3, 224, 224, device=device, generator=g)
     labels = torch.randint(0, 1000, (args.batch,), device=device, generator=g)

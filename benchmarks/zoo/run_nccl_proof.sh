@@ -28,7 +28,7 @@ profile() {  # profile <name> <transport> [script flags...]
   # shellcheck disable=SC2086
   env "$env" $PYTHON -m gpudiag profile --nproc-per-node 2 "$script" -o "$run" --force $OPTS -- "$@" > "$dir/profile.log" 2>&1
   echo "exit $? wall_s $(( $(date +%s) - start ))" >> "$dir/profile.log"
-  cp "$run"/report.json "$run"/script_status.json "$run"/bare_status.json "$run"/terminal.log "$dir"/ 2>/dev/null
+  cp "$run"/report.json "$run"/script_status.json "$run"/bare_status.json "$run"/terminal.log "$run"/trial_*.json "$dir"/ 2>/dev/null
   [ -f "$run/profile.sqlite" ] && xz -T0 -c "$run/profile.sqlite" > "$dir/profile.sqlite.xz"
   echo "== $name"; tail -2 "$dir/profile.log"
 }
