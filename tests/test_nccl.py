@@ -149,3 +149,23 @@ def test_trials_under_the_launcher_on_two_gpus():
             assert ns == max(float(r["step_wall_ns"][k]) for r in record["ranks"])
         assert trials[change]["status"] == "measured" and trials[change]["saving_ns"] < 0
         assert hand[flag] > hand["base"]
+
+
+def test_ranks_whose_collectives_barely_wait_are_balanced():
+    """The waits path of the straggler table: ranks whose collectives wait for each other less
+    than LOCKSTEP of the step are balanced (no straggler, no cause); more, and the rank that waits
+    least is named."""
+    from gpudiag.analysis.ranks import LOCKSTEP, _slowest
+
+    step = 30e6
+    rows = [{"global_pid": p, "pid": p, "device_id": p, "rank": p, "step_time_ns_median": step,
+             "slower_than_fastest_percent": 0.0} for p in (0, 1)]
+
+    def report(wait):
+        return {"communication": {"wait_ns_per_step": wait, "exposed_ns_per_step": wait},
+                "per_step_metrics": [{"busy_ns": 10e6}], "idle": {"step_start_idle_ns_per_step": 0.0}}
+
+    near = _slowest(rows, step, {0: report(1e6), 1: report(1e6 + 0.9 * LOCKSTEP * step)})
+    assert near["balanced"] and near["collective_waits"] and "why" not in near
+    far = _slowest(rows, step, {0: report(1e6), 1: report(1e6 + 2 * LOCKSTEP * step)})
+    assert not far.get("balanced") and far["rank"] == 0 and far["waited_for_ns"] == pytest.approx(2 * LOCKSTEP * step)
