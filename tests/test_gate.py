@@ -300,3 +300,19 @@ def test_the_gate_decision_table(base, cur, direction, expected):
     c = {"step_time": Metric("step_time", "ns", [float(x) for x in cur], direction)}
     (result,) = compare(b, c, GateConfig())
     assert result.verdict == expected, (result.change, result.p_value)
+
+
+def test_a_baseline_keeps_every_metric_of_the_report(runs):
+    """baseline_from_report, then load: the same metrics (unit, direction, statistic, samples) as
+    loading the report itself, with the report's source and version."""
+    from gpudiag.analysis.gate import baseline_from_report, load
+
+    report = json.loads((runs["swin_t_train_bf16"] / "report.json").read_text())
+    baseline = json.loads(json.dumps(baseline_from_report(report)))  # as written to the file
+    assert baseline["source"] == report["source"] and baseline["gpudiag_version"] == report["gpudiag_version"]
+    from_baseline, env_b = load(baseline, "baseline.json")
+    from_report, env_r = load(report, "report.json")
+    assert env_b == env_r and set(from_baseline) == set(from_report) and len(from_report) >= 3
+    for name, m in from_report.items():
+        b = from_baseline[name]
+        assert (b.unit, b.direction, b.statistic, b.samples) == (m.unit, m.direction, m.statistic, m.samples), name

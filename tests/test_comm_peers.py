@@ -1,0 +1,184 @@
+"""The transfer/wait split of collectives (gpudiag.analysis.comm.peer_transfer_ns) on the real
+2-GPU NCCL captures (tests/fixtures/nccl, H100 x 2, 2026-11-25), kernel by kernel, without the rest
+of the analysis (fast enough for the mutation runs, scripts/mutation.sh). Oracle: the k-th kernel of
+each collective on each rank, paired by launch order in SQL (NCCL requires every rank to issue a
+communicator's collectives in the same order); transfer = end - the later start of the pair."""
+
+from __future__ import annotations
+
+import lzma
+import shutil
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpudiag.analysis.comm import collective_of, peer_transfer_ns
+
+NCCL = Path(__file__).parent / "fixtures" / "nccl"
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    """name -> every kernel of the capture (start_ns, end_ns, duration_ns, global_pid, name,
+    correlation_id), read with SQL."""
+    cache = {}
+
+    def get(name: str) -> pd.DataFrame:
+        if name not in cache:
+            export = tmp_path_factory.mktemp(name) / "profile.sqlite"
+            with lzma.open(NCCL / name / "profile.sqlite.xz") as src, open(export, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            with sqlite3.connect(export) as db:
+                cache[name] = pd.read_sql_query(
+                    'SELECT k.start AS start_ns, k."end" AS end_ns, k."end" - k.start AS duration_ns, '
+                    "k.globalPid AS global_pid, s.value AS name, k.correlationId AS correlation_id "
+                    "FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON k.demangledName = s.id", db)
+        return cache[name]
+
+    return get
+
+
+def _oracle(k: pd.DataFrame) -> pd.Series:
+    comm = k[k["name"].str.startswith("ncclDevKernel")]
+    comm = comm.assign(collective=comm["name"].map(collective_of)).sort_values("correlation_id")
+    comm["k"] = comm.groupby(["global_pid", "collective"]).cumcount()
+    arrival = comm.groupby(["collective", "k"])["start_ns"].transform("max")
+    return (comm["end_ns"] - arrival).clip(lower=0).astype(float)
+
+
+@pytest.mark.parametrize("name", ["gpt_ddp_shm", "gpt_fsdp_shm", "vit_fsdp_shm"])
+def test_transfer_of_every_collective_kernel_matches_the_ordered_pairs(kernels, name):
+    k = kernels(name)
+    is_comm = k["name"].str.startswith("ncclDevKernel").to_numpy()
+    got = peer_transfer_ns(k, is_comm)
+    assert got[~is_comm].isna().all()
+    expected = _oracle(k)
+    assert got[is_comm].notna().all()
+    np.testing.assert_allclose(got.loc[expected.index].to_numpy(), expected.to_numpy())
+    # a kernel's transfer is never longer than the kernel, and somebody waits in every capture
+    assert (got[is_comm] <= k.loc[is_comm, "duration_ns"]).all()
+    assert (got[is_comm] < k.loc[is_comm, "duration_ns"]).any()
+
+
+def test_one_process_or_no_peer_leaves_the_transfer_unknown(kernels):
+    k = kernels("gpt_ddp_shm")
+    is_comm = k["name"].str.startswith("ncclDevKernel").to_numpy()
+    first = k["global_pid"] == k["global_pid"].iloc[0]
+    alone = peer_transfer_ns(k[first], is_comm[first.to_numpy()])
+    assert alone.isna().all() and len(alone) == first.sum()
+    # rank 1's kernels moved an hour later: no kernel of rank 0 overlaps them, nothing is paired
+    shifted = k.copy()
+    shifted.loc[~first, ["start_ns", "end_ns"]] += 3_600 * 10**9
+    assert peer_transfer_ns(shifted, is_comm).isna().all()
+
+
+@pytest.mark.parametrize("name, collective", [
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "AllGather"),
+    ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "ReduceScatter"),
+    ("ncclDevKernel_Broadcast_RING_LL", "Broadcast"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float", "AllReduce"),
+    ("ncclDevKernel_SendRecv", "SendRecv"),
+    ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(...)", "AllReduce"),
+    ("void custom_all_reduce_kernel<float>(...)", "AllReduce"),
+    ("msccl_allgather_kernel", "AllGather"),
+    ("nvshmem_reduce_scatter_block", "ReduceScatter"),
+    ("deep_ep::all_to_all_dispatch", "AllToAll"),
+    ("my_library_barrier_kernel", "my_library_barrier_kernel"),
+    ("", ""),
+])
+def test_collective_from_kernel_names(name, collective):
+    """NCCL's own names (2.19+ ``ncclDevKernel_<Collective>_…``, older ``ncclKernel_…``, taken from
+    the captures above and NCCL's sources); other libraries by a name match; else the name."""
+    assert collective_of(name) == collective
+
+
+def test_collective_names_of_the_captures(kernels):
+    """Every NCCL kernel name in the 2-GPU captures: the collective is the name's second token."""
+    for name in set(kernels("gpt_fsdp_shm")["name"]) | set(kernels("gpt_ddp_shm")["name"]):
+        if name.startswith("ncclDevKernel_"):
+            assert collective_of(name) == name.split("(")[0].split("_")[1]
+
+
+@pytest.mark.parametrize("collective, factor", [("AllReduce", 2 * 3 / 4), ("ReduceScatter", 3 / 4), ("AllGather", 3 / 4),
+                                                ("AllToAll", 3 / 4), ("Broadcast", 1.0), ("Reduce", 1.0),
+                                                ("SendRecv", 1.0)])
+def test_bus_bandwidth_factor_of_every_collective(collective, factor):
+    """nccl-tests doc/PERFORMANCE.md, 4 ranks: algbw = S / t, busbw = algbw x factor."""
+    from gpudiag.analysis.comm import bandwidths
+
+    algbw, busbw = bandwidths(collective, 8e9, 0.5, 4)
+    assert algbw == pytest.approx(16e9) and busbw == pytest.approx(16e9 * factor)
+
+
+@pytest.mark.parametrize("args", [("AllReduce", 0, 1.0, 2), ("AllReduce", 1e6, 0.0, 2), ("AllReduce", 1e6, -1.0, 2),
+                                  ("AllReduce", 1e6, 1.0, 0), ("Barrier", 1e6, 1.0, 2)])
+def test_no_bandwidth_without_size_time_ranks_or_factor(args):
+    from gpudiag.analysis.comm import bandwidths
+
+    assert bandwidths(*args) is None
+
+
+def _union(intervals):
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def _uncovered(a, b) -> int:
+    """Length of union(a) not covered by union(b), clipping by brute force."""
+    ub = _union(b)
+    return sum((e - s) - sum(max(0, min(e, be) - max(s, bs)) for bs, be in ub) for s, e in _union(a))
+
+
+@pytest.mark.parametrize("name", ["gpt_ddp_shm", "gpt_fsdp_shm"])
+def test_communication_of_one_rank_against_interval_arithmetic(kernels, name):
+    """report.json's communication for each rank, the whole capture as one step: kernel time,
+    transfer, wait, exposed and exposed transfer, against sums and brute-force interval
+    arithmetic written here (compute = every other kernel of the rank)."""
+    from gpudiag.analysis.comm import communication
+
+    k = kernels(name)
+    is_comm = k["name"].str.startswith("ncclDevKernel").to_numpy()
+    k = k.assign(transfer_ns=peer_transfer_ns(k, is_comm), step=0, device_id=0,
+                 kernel_class=np.where(is_comm, "communication", "compute"))
+    for _, rank in k.groupby("global_pid"):
+        span = float(rank["end_ns"].max() - rank["start_ns"].min())
+        got = communication(rank, {0}, 1, span)
+        comm, compute = rank[rank["kernel_class"] == "communication"], rank[rank["kernel_class"] == "compute"]
+        spans = list(zip(comm["start_ns"], comm["end_ns"]))
+        tails = list(zip(comm["end_ns"] - comm["transfer_ns"].astype(np.int64), comm["end_ns"]))
+        busy = list(zip(compute["start_ns"], compute["end_ns"]))
+        assert got["kernel_ns_per_step"] == comm["duration_ns"].sum()
+        assert got["transfer_ns_per_step"] == pytest.approx(comm["transfer_ns"].sum())
+        assert got["wait_ns_per_step"] == pytest.approx(comm["duration_ns"].sum() - comm["transfer_ns"].sum())
+        assert got["busy_ns_per_step"] == _uncovered(spans, [])
+        assert got["exposed_ns_per_step"] == _uncovered(spans, busy)
+        assert got["exposed_transfer_ns_per_step"] == _uncovered(tails, busy)
+        assert got["overlapped_ns_per_step"] == got["busy_ns_per_step"] - got["exposed_ns_per_step"]
+        assert got["exposed_percent_of_step"] == pytest.approx(100 * got["exposed_ns_per_step"] / span)
+        (step,) = got["per_step"]
+        assert step["exposed_transfer_ns"] == got["exposed_transfer_ns_per_step"] and step["step"] == 0
+        assert {c["collective"] for c in got["collectives"]} == set(comm["name"].map(collective_of))
+
+
+def test_communication_without_peers_has_no_split(kernels):
+    """One rank alone: transfer, wait and exposed transfer are null; the exposed time is still there."""
+    from gpudiag.analysis.comm import communication
+
+    k = kernels("gpt_ddp_shm")
+    rank = k[k["global_pid"] == k["global_pid"].iloc[0]]
+    is_comm = rank["name"].str.startswith("ncclDevKernel").to_numpy()
+    rank = rank.assign(transfer_ns=peer_transfer_ns(rank, is_comm), step=0, device_id=0,
+                       kernel_class=np.where(is_comm, "communication", "compute"))
+    got = communication(rank, {0}, 1, 1e9)
+    assert got["transfer_ns_per_step"] is None and got["wait_ns_per_step"] is None
+    assert got["exposed_transfer_ns_per_step"] is None and got["exposed_ns_per_step"] > 0
+    assert "wait_ns" not in got["per_step"][0]
+    assert communication(rank, {5}, 1, 1e9) is None  # no collective in the measured steps
