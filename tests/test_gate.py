@@ -316,3 +316,21 @@ def test_a_baseline_keeps_every_metric_of_the_report(runs):
     for name, m in from_report.items():
         b = from_baseline[name]
         assert (b.unit, b.direction, b.statistic, b.samples) == (m.unit, m.direction, m.statistic, m.samples), name
+
+
+def test_a_baseline_file_keeps_each_metric_name_and_statistic():
+    """A saved baseline with a p90 latency (serving) and an old name: loaded, latency_p90 still
+    compares its 90th percentile (it used to come back as a median), gpu_busy is gpu_busy_time."""
+    from gpudiag.analysis.gate import load
+
+    baseline = {"gpudiag_baseline": 1, "environment": {"gpu": "NVIDIA H100 80GB HBM3"},
+                "metrics": {"latency_p90": {"unit": "ns", "samples": [1.0, 2.0, 9.0], "direction": "lower",
+                                            "statistic": "p90"},
+                            "tokens_per_s": {"unit": "per_s", "samples": [5.0, 6.0], "direction": "higher"},
+                            "gpu_busy": {"unit": "ns", "samples": [3.0, 4.0]}}}
+    metrics, env = load(baseline, "baseline.json")
+    assert env == {"gpu": "NVIDIA H100 80GB HBM3"}
+    assert {n: (m.name, m.statistic, m.direction) for n, m in metrics.items()} == {
+        "latency_p90": ("latency_p90", "p90", "lower"), "tokens_per_s": ("tokens_per_s", "median", "higher"),
+        "gpu_busy_time": ("gpu_busy_time", "median", "lower")}
+    assert metrics["latency_p90"].samples == [1.0, 2.0, 9.0] and metrics["gpu_busy_time"].unit == "ns"

@@ -209,7 +209,7 @@ def load(data: dict, origin: str) -> tuple[dict[str, Metric], dict]:
 def _renamed(metrics: dict[str, Metric], origin: str) -> dict[str, Metric]:
     """A baseline's metrics under today's names (:data:`RENAMED`): gpu_busy is gpu_busy_time;
     overhead_percent (of each step) becomes overhead_time with the step times of the same steps."""
-    out = {RENAMED.get(name, name): Metric(RENAMED.get(name, name), m.unit, m.samples, m.direction)
+    out = {RENAMED.get(name, name): Metric(RENAMED.get(name, name), m.unit, m.samples, m.direction, m.statistic)
            for name, m in metrics.items() if name != "overhead_percent"}
     old = metrics.get("overhead_percent")
     if old is not None:
