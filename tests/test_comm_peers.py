@@ -182,3 +182,11 @@ def test_communication_without_peers_has_no_split(kernels):
     assert got["exposed_transfer_ns_per_step"] is None and got["exposed_ns_per_step"] > 0
     assert "wait_ns" not in got["per_step"][0]
     assert communication(rank, {5}, 1, 1e9) is None  # no collective in the measured steps
+
+
+def test_bandwidth_of_a_single_rank():
+    """n = 1 is a valid communicator: an all-reduce moves nothing over the bus (factor 0)."""
+    from gpudiag.analysis.comm import bandwidths
+
+    assert bandwidths("AllReduce", 1e6, 1.0, 1) == (1e6, 0.0)
+    assert bandwidths("Broadcast", 1e6, 1.0, 1) == (1e6, 1e6)
