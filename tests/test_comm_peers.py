@@ -190,3 +190,14 @@ def test_bandwidth_of_a_single_rank():
 
     assert bandwidths("AllReduce", 1e6, 1.0, 1) == (1e6, 0.0)
     assert bandwidths("Broadcast", 1e6, 1.0, 1) == (1e6, 1e6)
+
+
+def test_several_process_groups_are_not_split(kernels):
+    """A rank running two all-reduces at once (a second process group, e.g. tensor parallel): its
+    calls cannot be paired without communicator ids, so no kernel is split."""
+    k = kernels("gpt_ddp_shm")
+    is_comm = k["name"].str.startswith("ncclDevKernel").to_numpy()
+    first = k.index[is_comm & (k["global_pid"] == k["global_pid"].iloc[0]).to_numpy()][0]
+    extra = k.loc[[first]].assign(start_ns=k.at[first, "start_ns"] + 1, correlation_id=-1)
+    both = pd.concat([k, extra], ignore_index=True)
+    assert peer_transfer_ns(both, np.append(is_comm, True)).isna().all()

@@ -337,13 +337,32 @@ for step in range(10000):
 
 def test_fsdp2_settings_are_recorded_in_each_rank(tmp_path):
     """FSDP2 on CPU with gloo: each rank records its sharded units, the reshard_after_forward values
-    passed (the default as True) and the root's unsharded parameter bytes (fp32, counted here)."""
+    passed (torch's default as None) and the root's unsharded parameter bytes (fp32, counted here)."""
     proc, status_path = _torchrun(tmp_path, CaptureConfig(warmup_steps=1, window_steps=2, bare=True), body=FSDP)
     if proc.returncode != 0 and "fully_shard" in proc.stderr and "not supported" in proc.stderr:
         pytest.skip("this torch's FSDP2 does not run on CPU tensors")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in json.loads(status_path.read_text())["ranks"]:
         assert rank["ddp"] is None
-        assert rank["fsdp"] == {"api": "fully_shard", "units": 2, "reshard_after_forward": [False, True],
+        assert rank["fsdp"] == {"api": "fully_shard", "units": 2, "reshard_after_forward": [False, None],
                                 "cpu_offload": False, "parameter_bytes": 4 * (16 * 32 + 32 + 32 * 4 + 4)}
         assert rank["steps_completed"] == 3
+
+
+def test_recording_fsdp_never_fails_the_users_call():
+    """fully_shard takes a list of modules; a lazy module's parameters have no size yet: both are
+    recorded or left out, never raised into the script."""
+    from torch import nn
+
+    from gpudiag.capture import ddp_watch
+
+    saved = dict(ddp_watch._seen)
+    try:
+        ddp_watch._seen["fsdp"] = None
+        ddp_watch._record_fsdp("fully_shard", [nn.Linear(2, 2), nn.Linear(2, 2)], None, False)
+        ddp_watch._record_fsdp("fully_shard", nn.LazyLinear(3), True, False)
+        assert ddp_watch.summary()["fsdp"] == {"api": "fully_shard", "units": 1, "reshard_after_forward": [None],
+                                               "cpu_offload": False, "parameter_bytes": 2 * (2 * 2 + 2) * 4}
+    finally:
+        ddp_watch._seen.clear()
+        ddp_watch._seen.update(saved)

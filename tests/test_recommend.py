@@ -131,3 +131,21 @@ def test_overhead_bound_stays_silent_on_an_input_stall(analysed):
     assert between < 0.15 * step  # what is left is under the rule's threshold
     ids = {r["rule_id"] for r in report["recommendations"] + report.get("suppressed", [])}
     assert "GD-INPUT-STALL" in ids and "GD-OVERHEAD-BOUND" not in ids
+
+
+def test_a_rule_that_fails_does_not_lose_the_report(analysed, monkeypatch):
+    """One rule raising on an odd export: the report is still made, the rule is listed in
+    ``suppressed`` with its error, and the other rules still fire."""
+    from gpudiag.analysis import recommend
+
+    def broken(ctx):
+        raise KeyError("phase")
+
+    monkeypatch.setattr(recommend, "RULES", (broken, *recommend.RULES))
+    db, report = analysed("input_pipeline_good")
+    from gpudiag.analysis.run import analyse
+
+    again = analyse(db)
+    failed = [r for r in again["suppressed"] if r["rule"] == "broken"]
+    assert failed and "KeyError" in failed[0]["suppressed_because"]
+    assert [r["rule_id"] for r in again["recommendations"]] == [r["rule_id"] for r in report["recommendations"]]

@@ -14,7 +14,10 @@ Definitions (docs/architecture.md, "Multi-GPU runs"):
   several ranks, the kernels of one collective call overlap in time on every rank; gpudiag pairs
   them (same collective, overlapping, nearest end) and takes the transfer part of each as
   end - (latest start among the paired kernels): the call cannot move data before the last rank
-  arrives. ``wait`` = duration - transfer. *Exposed transfer*: the union of the transfer parts
+  arrives. ``wait`` = duration - transfer. This assumes every rank takes part in each collective
+  (one data-parallel group, as DDP and FSDP on a node): kernels of one collective that overlap
+  each other on one rank show several process groups (tensor or pipeline parallel), whose calls
+  cannot be told apart without NCCL's communicator ids, and then no kernel is split. *Exposed transfer*: the union of the transfer parts
   ([end - transfer, end)) not covered by compute, as exposed communication. With one process in
   the export, transfer is unknown (null) and rules fall back to exposed communication.
 - *Bandwidths* (nccl-tests, doc/PERFORMANCE.md): algbw = S / t with S the operation's size in
@@ -75,14 +78,17 @@ def bandwidths(collective: str, size_bytes: float, seconds: float, n_ranks: int)
 
 def peer_transfer_ns(kernels: pd.DataFrame, is_comm: np.ndarray) -> pd.Series:
     """Transfer part (ns) of each communication kernel of a several-process export (module doc),
-    indexed like ``kernels`` (start_ns, end_ns, global_pid, name; ``is_comm`` a bool mask);
-    NaN for other kernels and for a collective with no overlapping peer kernel (one process, or
-    its peers outside the capture)."""
+    indexed like ``kernels`` (start_ns, end_ns, duration_ns, global_pid, name; ``is_comm`` a bool
+    mask); NaN for other kernels and for a collective with no overlapping peer kernel (one process, or
+    its peers outside the capture), and for every kernel when one process ran two kernels of the
+    same collective at once (several process groups)."""
     out = pd.Series(np.nan, index=kernels.index, dtype=float)
     comm = kernels[is_comm]
     if comm.empty or comm["global_pid"].nunique() < 2:
         return out
     comm = comm.assign(collective=comm["name"].map({n: collective_of(n) for n in comm["name"].unique()}))
+    if _several_groups(comm):
+        return out
     for _, same in comm.groupby("collective"):
         latest = same["start_ns"].to_numpy(dtype=np.int64).copy()
         paired = np.zeros(len(same), dtype=bool)
@@ -98,6 +104,15 @@ def peer_transfer_ns(kernels: pd.DataFrame, is_comm: np.ndarray) -> pd.Series:
         transfer = np.clip(ends - latest, 0, durations).astype(float)
         out.loc[same.index[paired]] = transfer[paired]
     return out
+
+
+def _several_groups(comm: pd.DataFrame) -> bool:
+    """Whether one process ran two kernels of the same collective at once (module doc)."""
+    for _, mine in comm.groupby(["global_pid", "collective"]):
+        ordered = mine.sort_values("start_ns")
+        if (ordered["start_ns"].to_numpy()[1:] < ordered["end_ns"].cummax().to_numpy()[:-1]).any():
+            return True
+    return False
 
 
 def _overlapping_peer(mine: pd.DataFrame, peer: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -131,7 +131,9 @@ def fsdp_reshard(ctx: "RuleContext") -> "Recommendation | None":
 
     info = (ctx.distributed or {}).get("fsdp")
     c = ctx.collectives
-    if not info or True not in info.get("reshard_after_forward", []) or c.empty or "phase" not in c:
+    values = info.get("reshard_after_forward") if info else None
+    resharding = isinstance(values, list) and any(v is True or v is None for v in values)  # None: torch's default
+    if not resharding or c.empty or "phase" not in c or ctx.api.empty:
         return None
     ag = c[(c["name"].map(collective_of) == "AllGather") & (c["phase"] == "backward")]
     if ag.empty:
@@ -150,7 +152,8 @@ def fsdp_reshard(ctx: "RuleContext") -> "Recommendation | None":
          "not hidden by compute", f"their unshards take {host / 1e6:.2f} ms/step of host time",
          f"{info.get('units')} units sharded with {info.get('api')}, reshard_after_forward={info.get('reshard_after_forward')}",
          f"cost: up to {extra / 2**30:.2f} GiB more memory per rank (the gathered parameters kept from forward to backward)"],
-        "Pass `reshard_after_forward=False` to `fully_shard` (FSDP1: `sharding_strategy=SHARD_GRAD_OP`) on the units "
+        "Pass `reshard_after_forward=False` to `fully_shard` (FSDP1: `sharding_strategy=SHARD_GRAD_OP`, or "
+        "`_HYBRID_SHARD_ZERO2` in place of `HYBRID_SHARD`) on the units "
         "whose gathered parameters fit in memory, at least the root, so the backward reuses the forward's all-gathers.")
 
 

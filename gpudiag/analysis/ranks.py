@@ -302,8 +302,8 @@ def _waited_for(timed: list[dict], fastest: float, reports: dict[int, dict], wai
     out = {**_slowest_head(s, fastest, True), "collective_waits": True, "waited_for_ns": gap}
     if gap < LOCKSTEP * fastest:
         out["balanced"] = True
-        out["text"] = (f"the ranks' collectives wait for each other less than {gap / 1e6:.2f} ms per step: "
-                       "balanced, no straggler")
+        out["text"] = (f"the ranks' waits in their collectives differ by {gap / 1e6:.2f} ms per step (under "
+                       f"{100 * LOCKSTEP:.0f} % of the step): balanced, no straggler")
         return out
     out["text"] = (f"the others wait for {_who(s)} on GPU {s['device_id']}: in their collectives {_who(waiter)} waits "
                    f"{gap / 1e6:.2f} ms per step more for it (NCCL kernels spin until the last rank arrives)")

@@ -535,7 +535,12 @@ def recommend_split(ctx: RuleContext) -> tuple[list[dict], list[dict]]:
         ctx = replace(ctx, km=ctx.km[~comm], communication_ns=float(ctx.km.loc[comm, "duration_ns"].sum()) / ctx.n_steps,
                       collectives=ctx.km[comm])
     for rule in RULES:
-        rec = rule(ctx)
+        try:
+            rec = rule(ctx)
+        except Exception as exc:  # noqa: BLE001 - one rule failing on an odd export must not lose the report
+            suppressed.append({"rule": rule.__name__, "rule_id": None, "saving_ns_per_step": 0.0,
+                               "suppressed_because": f"the rule failed on this export: {type(exc).__name__}: {exc}"})
+            continue
         if rec is None:
             continue
         rec.saving_percent_of_step = 100.0 * rec.saving_ns_per_step / ctx.step_ns if ctx.step_ns else None

@@ -210,7 +210,7 @@ def _one_process(t: Tables, process: int | None, warnings: list[str]) -> tuple[T
     Kernel time here leaves out the collectives' wait for other ranks."""
     # One process per report: step numbers, stream ids and correlation ids are per process. Its
     # kernel time leaves out what collectives spent waiting for other ranks (comm module doc): the
-    # ranks that arrive first spin longest, and the report covers the one the others wait for.
+    # ranks that arrive first spin longest, and would otherwise be picked for their waiting.
     work = t.kernels["duration_ns"] - (t.kernels["duration_ns"] - t.kernels["transfer_ns"]).fillna(0.0)
     kernel_ns_by_pid = work.groupby(t.kernels["global_pid"]).sum()
     procs = ranks.processes(t.kernels) if len(kernel_ns_by_pid) > 1 and process is None else None

@@ -13,6 +13,7 @@ Installed by the launcher in every process; it wraps ``DistributedDataParallel._
 from __future__ import annotations
 
 import functools
+import inspect
 
 _seen: dict = {"ddp": None, "no_sync_calls": 0, "fsdp": None}
 
@@ -52,18 +53,30 @@ def _install_ddp() -> None:
 
 
 def _param_bytes(module) -> int:
-    return int(sum(p.numel() * p.element_size() for p in module.parameters()))
+    modules = module if isinstance(module, (list, tuple)) else [module]  # fully_shard takes a list too
+    return int(sum(p.numel() * p.element_size() for m in modules for p in m.parameters()))
 
 
 def _record_fsdp(api: str, module, reshard, offload: bool) -> None:
-    """One sharded unit: the root is the largest module wrapped (its parameters include all)."""
+    """One sharded unit, recorded without ever failing the user's call (lazy parameters, odd
+    arguments: the unit is then left out)."""
+    try:
+        _record_unit(api, module, reshard, offload)
+    except Exception:  # noqa: BLE001 - what gpudiag records must not change what the script does
+        pass
+
+
+def _record_unit(api: str, module, reshard, offload: bool) -> None:
+    """The root is the largest module wrapped (its parameters include all). Sized first: a unit
+    that cannot be sized changes nothing."""
+    size = _param_bytes(module)
     seen = _seen["fsdp"] or {"api": api, "units": 0, "reshard_after_forward": [], "cpu_offload": False,
                              "parameter_bytes": 0}
     seen["units"] += 1
     if reshard not in seen["reshard_after_forward"]:
         seen["reshard_after_forward"].append(reshard)
     seen["cpu_offload"] = seen["cpu_offload"] or offload
-    seen["parameter_bytes"] = max(seen["parameter_bytes"], _param_bytes(module))
+    seen["parameter_bytes"] = max(seen["parameter_bytes"], size)
     _seen["fsdp"] = seen
 
 
@@ -78,8 +91,8 @@ def _install_fsdp() -> None:
         @functools.wraps(original)  # keeps ``fully_shard.state`` (its __dict__)
         def fully_shard(module, *args, **kwargs):
             offload = type(kwargs.get("offload_policy")).__name__ == "CPUOffloadPolicy"
-            reshard = kwargs.get("reshard_after_forward")
-            _record_fsdp("fully_shard", module, True if reshard is None else reshard, offload)
+            # None: torch's default (True for the units inside, the root's own choice)
+            _record_fsdp("fully_shard", module, kwargs.get("reshard_after_forward"), offload)
             return original(module, *args, **kwargs)
 
         fully_shard.__gpudiag__ = True
@@ -89,12 +102,18 @@ def _install_fsdp() -> None:
         return
     original_init = cls.__init__
 
+    signature = inspect.signature(original_init)
+
     @functools.wraps(original_init)
     def __init__(self, module, *args, **kwargs):
-        strategy = kwargs.get("sharding_strategy")
+        try:  # the arguments as FSDP1 reads them, positional or not
+            bound = signature.bind(self, module, *args, **kwargs).arguments
+        except TypeError:
+            bound = {}
+        strategy = bound.get("sharding_strategy")
         # FULL_SHARD (the default) frees gathered parameters after forward, as reshard_after_forward=True
         reshard = strategy is None or getattr(strategy, "name", str(strategy)) in ("FULL_SHARD", "HYBRID_SHARD")
-        offload = bool(getattr(kwargs.get("cpu_offload"), "offload_params", False))
+        offload = bool(getattr(bound.get("cpu_offload"), "offload_params", False))
         _record_fsdp("FullyShardedDataParallel", module, reshard, offload)
         original_init(self, module, *args, **kwargs)
 
@@ -104,8 +123,8 @@ def _install_fsdp() -> None:
 
 def summary() -> dict:
     """The status entries ``ddp`` and ``fsdp``: each None when no such wrapper was built. ``fsdp``:
-    ``api``, ``units`` (modules sharded), ``reshard_after_forward`` (the values passed, True for
-    the default), ``cpu_offload``, ``parameter_bytes`` (the root's unsharded parameters)."""
+    ``api``, ``units`` (modules sharded), ``reshard_after_forward`` (the values passed, None for
+    torch's default), ``cpu_offload``, ``parameter_bytes`` (the root's unsharded parameters)."""
     fsdp = _seen["fsdp"]
     ddp = None if _seen["ddp"] is None else {**_seen["ddp"], "no_sync_calls": _seen["no_sync_calls"]}
     return {"ddp": ddp, "fsdp": dict(fsdp) if fsdp else None}
