@@ -139,33 +139,43 @@ def _uncovered(a, b) -> int:
 
 @pytest.mark.parametrize("name", ["gpt_ddp_shm", "gpt_fsdp_shm"])
 def test_communication_of_one_rank_against_interval_arithmetic(kernels, name):
-    """report.json's communication for each rank, the whole capture as one step: kernel time,
-    transfer, wait, exposed and exposed transfer, against sums and brute-force interval
-    arithmetic written here (compute = every other kernel of the rank)."""
+    """report.json's communication for each rank, the capture cut in two steps at its middle:
+    kernel time, transfer, wait, exposed and exposed transfer per step, and per collective,
+    against sums and brute-force interval arithmetic written here (compute = every other kernel of
+    the rank, in either step)."""
     from gpudiag.analysis.comm import communication
 
     k = kernels(name)
     is_comm = k["name"].str.startswith("ncclDevKernel").to_numpy()
-    k = k.assign(transfer_ns=peer_transfer_ns(k, is_comm), step=0, device_id=0,
+    middle = (k["start_ns"].min() + k["start_ns"].max()) // 2
+    k = k.assign(transfer_ns=peer_transfer_ns(k, is_comm), step=(k["start_ns"] >= middle).astype(int), device_id=0,
                  kernel_class=np.where(is_comm, "communication", "compute"))
     for _, rank in k.groupby("global_pid"):
         span = float(rank["end_ns"].max() - rank["start_ns"].min())
-        got = communication(rank, {0}, 1, span)
+        got = communication(rank, {0, 1}, 2, span / 2)
         comm, compute = rank[rank["kernel_class"] == "communication"], rank[rank["kernel_class"] == "compute"]
-        spans = list(zip(comm["start_ns"], comm["end_ns"]))
-        tails = list(zip(comm["end_ns"] - comm["transfer_ns"].astype(np.int64), comm["end_ns"]))
         busy = list(zip(compute["start_ns"], compute["end_ns"]))
-        assert got["kernel_ns_per_step"] == comm["duration_ns"].sum()
-        assert got["transfer_ns_per_step"] == pytest.approx(comm["transfer_ns"].sum())
-        assert got["wait_ns_per_step"] == pytest.approx(comm["duration_ns"].sum() - comm["transfer_ns"].sum())
-        assert got["busy_ns_per_step"] == _uncovered(spans, [])
-        assert got["exposed_ns_per_step"] == _uncovered(spans, busy)
-        assert got["exposed_transfer_ns_per_step"] == _uncovered(tails, busy)
+        per_step = {}
+        for step, c in comm.groupby("step"):
+            spans = list(zip(c["start_ns"], c["end_ns"]))
+            tails = list(zip(c["end_ns"] - c["transfer_ns"].astype(np.int64), c["end_ns"]))
+            per_step[step] = (_uncovered(spans, []), _uncovered(spans, busy), _uncovered(tails, busy))
+        assert got["kernel_ns_per_step"] == comm["duration_ns"].sum() / 2
+        assert got["transfer_ns_per_step"] == pytest.approx(comm["transfer_ns"].sum() / 2)
+        assert got["wait_ns_per_step"] == pytest.approx((comm["duration_ns"].sum() - comm["transfer_ns"].sum()) / 2)
+        assert got["busy_ns_per_step"] == sum(v[0] for v in per_step.values()) / 2
+        assert got["exposed_ns_per_step"] == sum(v[1] for v in per_step.values()) / 2
+        assert got["exposed_transfer_ns_per_step"] == sum(v[2] for v in per_step.values()) / 2
         assert got["overlapped_ns_per_step"] == got["busy_ns_per_step"] - got["exposed_ns_per_step"]
-        assert got["exposed_percent_of_step"] == pytest.approx(100 * got["exposed_ns_per_step"] / span)
-        (step,) = got["per_step"]
-        assert step["exposed_transfer_ns"] == got["exposed_transfer_ns_per_step"] and step["step"] == 0
-        assert {c["collective"] for c in got["collectives"]} == set(comm["name"].map(collective_of))
+        assert got["exposed_percent_of_step"] == pytest.approx(100 * got["exposed_ns_per_step"] / (span / 2))
+        assert [(s["step"], s["busy_ns"], s["exposed_ns"], s["exposed_transfer_ns"]) for s in got["per_step"]] == \
+            [(step, *v) for step, v in sorted(per_step.items())]
+        by = comm.assign(collective=comm["name"].map(collective_of)).groupby("collective")
+        assert {c["collective"]: (c["count_per_step"], c["time_ns_per_step"], c["kernels"]) for c in got["collectives"]} == \
+            {c: (len(g) / 2, g["duration_ns"].sum() / 2, sorted(g["name"].unique())[:5]) for c, g in by}
+        assert [c["time_ns_per_step"] for c in got["collectives"]] == sorted(
+            (c["time_ns_per_step"] for c in got["collectives"]), reverse=True)
+        assert all(c["bytes_per_call"] is None and c["busbw_bytes_per_s"] is None for c in got["collectives"])
 
 
 def test_communication_without_peers_has_no_split(kernels):
@@ -201,3 +211,43 @@ def test_several_process_groups_are_not_split(kernels):
     extra = k.loc[[first]].assign(start_ns=k.at[first, "start_ns"] + 1, correlation_id=-1)
     both = pd.concat([k, extra], ignore_index=True)
     assert peer_transfer_ns(both, np.append(is_comm, True)).isna().all()
+
+
+def test_three_ranks_wait_for_the_last_of_them(kernels):
+    """A third rank (rank 1's kernels again, each arriving a quarter of its duration later): every
+    call's transfer starts at the latest of the three starts."""
+    k = kernels("gpt_ddp_shm")
+    pids = k["global_pid"].unique()
+    third = k[k["global_pid"] == pids[1]].assign(global_pid=pids.max() + (1 << 24))  # a pid of its own
+    third["start_ns"] += third["duration_ns"] // 4
+    third["duration_ns"] = third["end_ns"] - third["start_ns"]
+    both = pd.concat([k, third], ignore_index=True)
+    is_comm = both["name"].str.startswith("ncclDevKernel").to_numpy()
+    got = peer_transfer_ns(both, is_comm)[is_comm]
+    assert got.notna().all() and len(got) == 3 * len(got) // 3
+    np.testing.assert_allclose(got.to_numpy(), _oracle(both).loc[got.index].to_numpy())
+
+
+def test_back_to_back_kernels_are_one_group():
+    """Two all-reduces of one rank, the second starting where the first ends, are one process
+    group's calls in a row: they are split (paired with the other rank's)."""
+    k = pd.DataFrame({"start_ns": [0, 100, 10, 110], "end_ns": [100, 200, 100, 200], "global_pid": [1, 1, 2, 2],
+                      "name": ["ncclDevKernel_AllReduce_Sum_f32_RING_LL"] * 4})
+    k["duration_ns"] = k["end_ns"] - k["start_ns"]
+    assert peer_transfer_ns(k, np.ones(4, bool)).tolist() == [90.0, 90.0, 90.0, 90.0]
+
+
+def test_exposure_sums_over_the_ranks_gpus_and_counts_a_lone_kernel():
+    """A process with collectives on two GPUs: compute hides them only on its own GPU, and the
+    per-GPU exposed times add up; a single collective kernel is counted (interval arithmetic here)."""
+    from gpudiag.analysis.comm import communication, exposed_ns
+
+    assert exposed_ns(np.array([0]), np.array([100]), np.array([50]), np.array([70])) == 80
+    k = pd.DataFrame({"start_ns": [0, 0, 0, 0], "end_ns": [100, 60, 100, 30], "device_id": [0, 0, 1, 1],
+                      "kernel_class": ["communication", "compute", "communication", "compute"],
+                      "name": ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "gemm"] * 2, "step": 0,
+                      "transfer_ns": [50.0, np.nan, 80.0, np.nan]})
+    k["duration_ns"] = k["end_ns"] - k["start_ns"]
+    got = communication(k, {0}, 1, 100.0)
+    assert got["busy_ns_per_step"] == 200 and got["exposed_ns_per_step"] == 40 + 70
+    assert got["exposed_transfer_ns_per_step"] == 40 + 70 and got["transfer_ns_per_step"] == 130
