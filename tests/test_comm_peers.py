@@ -251,3 +251,54 @@ def test_exposure_sums_over_the_ranks_gpus_and_counts_a_lone_kernel():
     got = communication(k, {0}, 1, 100.0)
     assert got["busy_ns_per_step"] == 200 and got["exposed_ns_per_step"] == 40 + 70
     assert got["exposed_transfer_ns_per_step"] == 40 + 70 and got["transfer_ns_per_step"] == 130
+
+
+def _frame(rows):
+    k = pd.DataFrame(rows, columns=["global_pid", "start_ns", "end_ns"]).assign(
+        name="ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    return k.assign(duration_ns=k["end_ns"] - k["start_ns"])
+
+
+def test_pairing_boundaries():
+    """Kernels that only touch (one ends where the other starts) are not one call; a rank whose
+    calls overlap each other anywhere in the capture (here its 2nd and 3rd) is several groups; a
+    rank missing one call still pairs the others with the ranks that made it."""
+    touching = _frame([(1, 0, 100), (2, 100, 200)])
+    assert peer_transfer_ns(touching, np.ones(2, bool)).isna().all()
+    later = _frame([(1, 0, 10), (1, 20, 40), (1, 30, 50), (2, 0, 10), (2, 20, 40), (2, 30, 50)])
+    assert peer_transfer_ns(later, np.ones(6, bool)).isna().all()
+    # rank 3 did not make the second call: ranks 1 and 2 still pair it between themselves
+    missing = _frame([(1, 0, 100), (1, 200, 300), (2, 10, 100), (2, 220, 300), (3, 30, 100)])
+    assert peer_transfer_ns(missing, np.ones(5, bool)).tolist() == [70.0, 80.0, 70.0, 80.0, 70.0]
+
+
+def test_no_collective_interval_exposes_nothing():
+    from gpudiag.analysis.comm import exposed_ns
+
+    empty = np.array([], np.int64)
+    assert exposed_ns(empty, empty, np.array([0]), np.array([10])) == 0
+
+
+def test_communication_fields_and_types():
+    """The JSON report's fields: step numbers stay integers, times are floats, every collective
+    lists at most five kernel names; a zero-length step gives no share."""
+    from gpudiag.analysis.comm import communication
+
+    names = [f"ncclDevKernel_AllReduce_Sum_f32_RING_LL_{i}" for i in range(7)]
+    k = pd.DataFrame({"start_ns": range(0, 700, 100), "end_ns": range(50, 750, 100), "device_id": 0,
+                      "kernel_class": "communication", "name": names, "step": 3})
+    k = k.assign(duration_ns=k["end_ns"] - k["start_ns"], transfer_ns=10.0)
+    got = communication(k, {3}, 1, 0.0)
+    assert got["exposed_percent_of_step"] is None
+    (step,) = got["per_step"]
+    assert isinstance(step["step"], int) and all(isinstance(v, float) for key, v in step.items() if key != "step")
+    (allreduce,) = got["collectives"]
+    assert allreduce["kernels"] == sorted(names)[:5] and allreduce["count_per_step"] == 7
+    assert set(allreduce) == {"collective", "count_per_step", "time_ns_per_step", "kernels", "bytes_per_call",
+                              "algbw_bytes_per_s", "busbw_bytes_per_s"}
+    assert {"definition", "bytes_note"} <= set(got) and "transfer" in got["definition"]
+    assert got["bytes_note"].startswith("bytes unknown")
+
+
+def test_unknown_names_are_cut_to_sixty_characters():
+    assert collective_of("x" * 100) == "x" * 60
