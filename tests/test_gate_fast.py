@@ -145,3 +145,134 @@ def test_environments():
     other = {**env, "gpu": "NVIDIA H200"}
     assert differences(env, other) == [f"gpu: {env['gpu']} -> NVIDIA H200"]
     assert differences(env, {**env, "gpu": None}) == [] and differences(env, env) == []
+
+
+def test_units_decide_the_noise_floor():
+    """Every time metric is in ns (its noise floor is the 20 µs one), launches are counts."""
+    m = metrics_from_report(_report("decoder_h100"))
+    for name, metric in m.items():
+        expected = {"kernel_launches": "count", "peak_memory": "bytes", "tokens_per_s": "per_s"}.get(name, "ns")
+        assert metric.unit == expected, name
+
+
+def test_missing_per_step_values_count_as_zero():
+    """A family absent from a step took no time in it; a step without an overhead share has none."""
+    steps = [{"step_time_ns": 100.0, "busy_ns": 50.0, "overhead_percent": None, "kernel_launches": 3,
+              "families_ns": {"gemm": 10.0}, "modules_ns": {}},
+             {"step_time_ns": 200.0, "busy_ns": 60.0, "overhead_percent": 10.0, "kernel_launches": 4,
+              "families_ns": {}, "modules_ns": {"encoder": 7.0}}]
+    m = metrics_from_report({"per_step_metrics": steps})
+    assert m["overhead_time"].samples == [0.0, 20.0]
+    assert m["family:gemm"].samples == [10.0, 0.0] and m["module:encoder"].samples == [0.0, 7.0]
+    assert "bare_step_time" not in m and "peak_memory" not in m and "latency_p90" not in m
+
+
+def test_p_value_of_degenerate_samples():
+    """One sample on a side, or the same constant on both: no test (p = 1); two different
+    constants: SciPy's two-sided p-value."""
+    from scipy.stats import mannwhitneyu
+
+    from gpudiag.analysis.gate import _p_value
+
+    assert _p_value([1.0], [1.0, 2.0, 3.0]) == 1.0 and _p_value([1.0, 2.0, 3.0], [1.0]) == 1.0
+    assert _p_value([5.0] * 4, [5.0] * 4) == 1.0
+    expected = mannwhitneyu([5.0] * 4, [6.0] * 4, alternative="two-sided").pvalue
+    assert _p_value([5.0] * 4, [6.0] * 4) == pytest.approx(expected) and expected < 1.0
+    assert _p_value([5.0, 5.0], [5.0, 6.0]) == pytest.approx(
+        mannwhitneyu([5.0, 5.0], [5.0, 6.0], alternative="two-sided").pvalue)
+    assert _p_value([1.0, 2.0], [1.0, 2.0]) == pytest.approx(1.0)
+
+
+def test_new_and_gone_metrics_keep_their_settings_and_others_are_still_compared():
+    base = metrics_from_report(_report("t5_h100"))
+    fewer = {k: v for k, v in base.items() if k != "kernel_launches"}
+    new = {c.name: c for c in compare(fewer, base, GateConfig())}["kernel_launches"]
+    assert (new.unit, new.threshold, new.noise_floor) == ("count", 0.05, 2.0)
+    assert new.current_median == pytest.approx(np.median(base["kernel_launches"].samples))
+    gone = {c.name: c for c in compare(base, fewer, GateConfig())}["kernel_launches"]
+    assert gone.baseline_median == pytest.approx(np.median(base["kernel_launches"].samples))
+    # ignoring one metric leaves every other one compared
+    rest = {c.name for c in compare(base, base, GateConfig(ignore=["bare_step_time"]))}
+    assert rest == set(base) - {"bare_step_time"}
+
+
+def test_configuration_defaults_and_bounds():
+    assert config_from_table({}, "pyproject.toml") == GateConfig()
+    assert config_from_table({"threshold": {"step_time": 0}}, "p").threshold("step_time") == 0.0  # 0 is allowed
+    for bad in ({"alpha": 1}, {"noise_floor": {"step_time": -0.5}}):
+        with pytest.raises(GateError):
+            config_from_table(bad, "p")
+    with pytest.raises(GateError) as err:
+        config_from_table({"noise_floor": {"overhead_percent": 1}}, "p")
+    assert "noise_floor.overhead_time in ns" in str(err.value)
+    with pytest.raises(GateError) as err:
+        config_from_table({"ignore": 3}, "p")
+    assert "list of globs" in str(err.value)
+    with pytest.raises(GateError) as err:
+        metrics_from_report({})
+    assert "re-run 'gpudiag report'" in str(err.value)
+
+
+def test_baseline_round_trip_on_a_real_report():
+    """baseline_from_report then load: every metric as loading the report itself gives it."""
+    from gpudiag.analysis.gate import BASELINE_FORMAT, baseline_from_report, load
+
+    report = _report("decoder_h100")
+    baseline = json.loads(json.dumps(baseline_from_report(report)))
+    assert baseline["gpudiag_baseline"] == BASELINE_FORMAT and baseline["source"] == report["source"]
+    assert baseline["gpudiag_version"] == report["gpudiag_version"]
+    assert baseline["environment"] == environment_of(report)
+    got, env = load(baseline, "b.json")
+    want, want_env = load(report, "report.json")
+    assert env == want_env and set(got) == set(want)
+    for name, m in want.items():
+        assert (got[name].name, got[name].unit, got[name].samples, got[name].direction, got[name].statistic) == \
+            (m.name, m.unit, m.samples, m.direction, m.statistic)
+
+
+def test_old_baselines_are_read_under_todays_names():
+    """gpu_busy is gpu_busy_time; overhead_percent (of each step) becomes overhead_time in ns from
+    the same steps' times; without step times it cannot be converted (exit 3)."""
+    from gpudiag.analysis.gate import load
+
+    old = {"gpudiag_baseline": 1, "metrics": {
+        "step_time": {"unit": "ns", "samples": [100.0, 200.0]},
+        "overhead_percent": {"unit": "percent", "samples": [10.0, 50.0]},
+        "gpu_busy": {"unit": "ns", "samples": [1.0, 2.0]}}}
+    metrics, env = load(old, "old.json")
+    assert env == {} and set(metrics) == {"step_time", "overhead_time", "gpu_busy_time"}
+    assert metrics["overhead_time"].samples == [10.0, 100.0] and metrics["overhead_time"].unit == "ns"
+    assert metrics["overhead_time"].name == "overhead_time" and metrics["gpu_busy_time"].samples == [1.0, 2.0]
+    no_steps = {"gpudiag_baseline": 1, "metrics": {"overhead_percent": {"unit": "percent", "samples": [10.0]}}}
+    with pytest.raises(GateError) as err:
+        load(no_steps, "old.json")
+    assert err.value.exit_code == 3 and "old.json" in str(err.value) and "overhead_time" in str(err.value)
+
+
+@pytest.mark.parametrize("data, words", [
+    ([1, 2], "neither a gpudiag report.json nor a baseline file"),
+    ({"something": 1}, "neither a gpudiag report.json nor a baseline file"),
+    ({"gpudiag_baseline": 1, "metrics": {"step_time": {"samples": [1.0]}}}, "a damaged baseline file"),
+    ({"gpudiag_baseline": 1, "metrics": {"step_time": {"unit": "ns", "samples": ["x"]}}}, "a damaged baseline file"),
+    ({"schema_version": 1, "steps": {}, "per_step_metrics": [{"step_time_ns": "slow", "busy_ns": 1.0,
+      "overhead_percent": 0.0, "kernel_launches": 1}]}, "not numbers"),
+    ({"schema_version": 1, "steps": {}, "per_step_metrics": []}, "no per-step samples"),
+])
+def test_what_load_refuses(data, words):
+    from gpudiag.analysis.gate import load
+
+    with pytest.raises(GateError) as err:
+        load(data, "run/report.json")
+    assert err.value.exit_code == 3 and words in str(err.value) and "run/report.json" in str(err.value)
+
+
+def test_a_report_loads_with_its_environment():
+    from gpudiag.analysis.gate import load
+
+    report = _report("t5_h100")
+    metrics, env = load(report, "report.json")
+    assert env == environment_of(report) and metrics["step_time"].samples == [
+        s["step_time_ns"] for s in report["per_step_metrics"]]
+    nan = {**report, "per_step_metrics": [{**s, "busy_ns": float("nan")} for s in report["per_step_metrics"]]}
+    with pytest.raises(GateError):
+        load(nan, "report.json")
