@@ -276,3 +276,46 @@ def test_a_report_loads_with_its_environment():
     nan = {**report, "per_step_metrics": [{**s, "busy_ns": float("nan")} for s in report["per_step_metrics"]]}
     with pytest.raises(GateError):
         load(nan, "report.json")
+
+
+def test_compare_edges():
+    """A metric from nothing (baseline median 0) changes by infinity, nothing to nothing by 0; a
+    new metric does not stop the comparison of the ones after it; a varying run against a
+    constant one gets SciPy's p-value."""
+    from scipy.stats import mannwhitneyu
+
+    from gpudiag.analysis.gate import _p_value
+
+    zero = {"family:x": Metric("family:x", "ns", [0.0, 0.0, 0.0])}
+    grew = {"family:x": Metric("family:x", "ns", [5e5, 6e5, 7e5])}
+    (c,) = compare(zero, grew, GateConfig())
+    assert c.change == float("inf") and c.verdict in ("regression", "warning")
+    (same,) = compare(zero, zero, GateConfig())
+    assert same.change == 0.0 and same.verdict == "ok"
+    base = metrics_from_report(_report("t5_h100"))
+    first = {"aaa_new": Metric("aaa_new", "ns", [1.0, 2.0])}
+    names = {c.name for c in compare(base, {**base, **first}, GateConfig())}
+    assert names == set(base) | {"aaa_new"}
+    step = {c.name: c for c in compare(base, base, GateConfig())}["step_time"]
+    assert step.unit == "ns" and step.current_median == pytest.approx(np.median(base["step_time"].samples))
+    assert _p_value([5.0, 6.0], [5.0, 5.0]) == pytest.approx(
+        mannwhitneyu([5.0, 6.0], [5.0, 5.0], alternative="two-sided").pvalue)
+
+
+def test_baseline_defaults_and_what_is_not_a_report():
+    """A baseline metric without direction or statistic is lower-is-better, compared at its median;
+    a dict with "steps" alone is not a report; a report whose steps lack their fields names them."""
+    from gpudiag.analysis.gate import load
+
+    metrics, _ = load({"gpudiag_baseline": 1, "metrics": {"step_time": {"unit": "ns", "samples": [1.0, 2.0]}}}, "b")
+    assert (metrics["step_time"].name, metrics["step_time"].direction, metrics["step_time"].statistic) == \
+        ("step_time", "lower", "median")
+    with pytest.raises(GateError) as err:
+        load({"steps": {}, "per_step_metrics": [{"step_time_ns": 1.0}]}, "r.json")
+    assert "neither" in str(err.value)
+    with pytest.raises(GateError) as err:
+        load({"schema_version": 1, "steps": {}, "per_step_metrics": [{"step_time_ns": 1.0}]}, "r.json")
+    assert "holds step values that are not numbers" in str(err.value) and "re-run 'gpudiag report'" in str(err.value)
+    with pytest.raises(GateError) as err:
+        load({"gpudiag_baseline": 1, "metrics": {"x": {}}}, "b.json")
+    assert "re-create it with 'gpudiag baseline save RUN'" in str(err.value)
