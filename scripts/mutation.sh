@@ -18,5 +18,6 @@ counts = collections.Counter(line.rsplit(": ", 1)[-1].strip() for line in sys.st
 killed, survived, timeout = counts["killed"], counts["survived"], counts["timeout"]
 tried = killed + survived + timeout
 print(dict(counts))
-print(f"mutation score: {killed}/{tried} = {100 * killed / max(tried, 1):.1f} %  (no tests: {counts[\"no tests\"]})")
+untested = counts["no tests"]
+print(f"mutation score: {killed}/{tried} = {100 * killed / max(tried, 1):.1f} %  (no tests: {untested})")
 '
