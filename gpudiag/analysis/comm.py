@@ -143,6 +143,16 @@ def exposed_ns(comm_s: np.ndarray, comm_e: np.ndarray, busy_s: np.ndarray, busy_
     return int((c_e - c_s).sum() - covered_ns(b_s, b_e, c_s, c_e).sum())
 
 
+def exposed_transfer_ns(comm: pd.DataFrame, compute: pd.DataFrame) -> int:
+    """Exposed transfer (ns) of the collective kernels ``comm`` (end_ns, duration_ns, optional
+    ``transfer_ns``: a kernel without one counts whole) against ``compute`` (start_ns, end_ns),
+    both of one GPU: the union of [end - transfer, end) not covered by compute (module doc)."""
+    transfer = comm["transfer_ns"].fillna(comm["duration_ns"]) if "transfer_ns" in comm else comm["duration_ns"]
+    ends = comm["end_ns"].to_numpy()
+    return exposed_ns((ends - transfer.to_numpy()).astype(np.int64), ends,
+                      compute["start_ns"].to_numpy(), compute["end_ns"].to_numpy())
+
+
 def _step_exposure(step: int, g: pd.DataFrame, compute: pd.DataFrame, split: bool) -> dict:
     """One step's communication kernels ``g``: their time, union and exposed part (ns); with
     ``split``, also their transfer, wait and exposed transfer (module doc)."""
@@ -158,8 +168,7 @@ def _step_exposure(step: int, g: pd.DataFrame, compute: pd.DataFrame, split: boo
         out["exposed_ns"] += exposed_ns(starts, ends, c_s, c_e)
         out["busy_ns"] += exposed_ns(starts, ends, none, none)
         if split:
-            tail = (ends - d["transfer_ns"].to_numpy()).astype(np.int64)
-            out["exposed_transfer_ns"] += exposed_ns(tail, ends, c_s, c_e)
+            out["exposed_transfer_ns"] += exposed_transfer_ns(d, c)
     return {key: float(v) if key != "step" else v for key, v in out.items()}
 
 

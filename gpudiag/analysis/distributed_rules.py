@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis.comm import collective_of, exposed_ns
+from gpudiag.analysis.comm import collective_of, exposed_ns, exposed_transfer_ns
 from gpudiag.analysis.host_floor import LAUNCH_API
 
 if TYPE_CHECKING:
@@ -57,13 +57,9 @@ def gpu_path_ns(km: pd.DataFrame, comm: pd.DataFrame, n_steps: int) -> tuple[flo
     """(GPU path, exposed transfer), ns per step: the union of the compute kernels ``km`` (no
     collectives) plus the collectives' exposed transfer (``comm``: collective kernels with
     ``transfer_ns`` where known, else their whole duration counts)."""
-    busy = exposed = 0.0
+    busy = 0.0
     none = np.array([], np.int64)
-    for device, c in comm.groupby("device_id"):
-        k = km[km["device_id"] == device]
-        transfer = c["transfer_ns"] if "transfer_ns" in c else c["duration_ns"]
-        tail = (c["end_ns"] - transfer.fillna(c["duration_ns"])).to_numpy(dtype=np.int64)
-        exposed += exposed_ns(tail, c["end_ns"].to_numpy(), k["start_ns"].to_numpy(), k["end_ns"].to_numpy())
+    exposed = float(sum(exposed_transfer_ns(c, km[km["device_id"] == device]) for device, c in comm.groupby("device_id")))
     for _, k in km.groupby("step"):
         busy += exposed_ns(k["start_ns"].to_numpy(), k["end_ns"].to_numpy(), none, none)
     return (busy + exposed) / n_steps, exposed / n_steps
@@ -73,11 +69,11 @@ def _bare_step_ns(ctx: "RuleContext") -> float | None:
     return ctx.step_ns - ctx.bare_inflation_ns if ctx.bare_inflation_ns is not None else None
 
 
-def bounded_saving(ctx: "RuleContext", gpu_ns: float, host_ns: float) -> tuple[float, str]:
+def bounded_saving(ctx: "RuleContext", gpu_path: float, gpu_ns: float, host_ns: float) -> tuple[float, str]:
     """(saving ns per step, why): ``gpu_ns`` removed GPU time counts on a GPU-bound step,
     ``host_ns`` removed host time on a host-bound one (module doc). Host-bound: the bare step
-    (else the profiled one) is longer than the GPU path by more than 5 % (gpudiag's margin)."""
-    gpu_path, _ = gpu_path_ns(ctx.km, ctx.collectives, ctx.n_steps)
+    (else the profiled one) is longer than the GPU path (:func:`gpu_path_ns`, ns per step) by more
+    than 5 % (gpudiag's margin)."""
     bare = _bare_step_ns(ctx) or ctx.step_ns
     if bare > 1.05 * gpu_path:
         return host_ns, (f"host-bound: the step ({bare / 1e6:.2f} ms{' bare' if _bare_step_ns(ctx) else ''}) is longer "
@@ -96,8 +92,8 @@ def ddp_no_sync(ctx: "RuleContext") -> "Recommendation | None":
     if not info or not info.get("bucket_cap_mb") or not k or k <= 1 or info.get("no_sync_calls"):
         return None
     estimated = not ctx.collectives.empty
-    exposed = gpu_path_ns(ctx.km, ctx.collectives, ctx.n_steps)[1] if estimated else 0.0
-    saving, bound = bounded_saving(ctx, exposed * (k - 1) / k, 0.0) if estimated else (0.0, "")
+    path, exposed = gpu_path_ns(ctx.km, ctx.collectives, ctx.n_steps) if estimated else (0.0, 0.0)
+    saving, bound = bounded_saving(ctx, path, exposed * (k - 1) / k, 0.0) if estimated else (0.0, "")
     return Recommendation(
         "GD-DDP-NO-SYNC", "Gradient accumulation all-reduces after every micro-batch: use no_sync()", saving,
         f"exposed transfer per step x (k - 1) / k, k backward() calls per optimizer step; {bound}" if estimated
@@ -138,10 +134,10 @@ def fsdp_reshard(ctx: "RuleContext") -> "Recommendation | None":
     ag = c[(c["name"].map(collective_of) == "AllGather") & (c["phase"] == "backward")]
     if ag.empty:
         return None
-    gpu = gpu_path_ns(ctx.km, ag, ctx.n_steps)[1]
+    gpu = sum(exposed_transfer_ns(a, ctx.km[ctx.km["device_id"] == d]) for d, a in ag.groupby("device_id")) / ctx.n_steps
     bare = _bare_step_ns(ctx)
     host = _unshard_host_ns(ag, ctx.api) / ctx.n_steps * (bare / ctx.step_ns if bare else 1.0)
-    saving, bound = bounded_saving(ctx, gpu, host)
+    saving, bound = bounded_saving(ctx, gpu_path_ns(ctx.km, c, ctx.n_steps)[0], gpu, host)
     world = (ctx.distributed or {}).get("world_size") or 2
     extra = info.get("parameter_bytes", 0) * (world - 1) / world
     return Recommendation(

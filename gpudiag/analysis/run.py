@@ -204,30 +204,38 @@ def _load(db: sqlite_utils.Database, meta: dict, warnings: list[str]) -> Tables:
 
 
 def _one_process(t: Tables, process: int | None, warnings: list[str]) -> tuple[Tables, pd.DataFrame | None]:
-    """``t`` restricted to the rows of one process: ``process``, else the one with the most kernel
-    time (with a warning); and, when several processes launched kernels and ``process`` is None,
-    every process (:func:`gpudiag.analysis.ranks.processes`) for the ranks table, else None.
-    Kernel time here leaves out the collectives' wait for other ranks."""
-    # One process per report: step numbers, stream ids and correlation ids are per process. Its
-    # kernel time leaves out what collectives spent waiting for other ranks (comm module doc): the
-    # ranks that arrive first spin longest, and would otherwise be picked for their waiting.
-    work = t.kernels["duration_ns"] - (t.kernels["duration_ns"] - t.kernels["transfer_ns"]).fillna(0.0)
-    kernel_ns_by_pid = work.groupby(t.kernels["global_pid"]).sum()
+    """``t`` restricted to the rows of one process: ``process``, else :func:`_main_process` (with a
+    warning); and, when several processes launched kernels and ``process`` is None, every process
+    (:func:`gpudiag.analysis.ranks.processes`) for the ranks table, else None."""
+    # One process per report: step numbers, stream ids and correlation ids are per process.
+    kernel_ns_by_pid = t.kernels.groupby("global_pid")["duration_ns"].sum()
     procs = ranks.processes(t.kernels) if len(kernel_ns_by_pid) > 1 and process is None else None
     if process is not None and process not in kernel_ns_by_pid.index:
         raise AnalysisError(f"process {ranks.os_pid(process)} (globalPid {process}) launched no kernel in this export")
     if len(kernel_ns_by_pid) <= 1:
         return t, procs
-    pid = kernel_ns_by_pid.idxmax() if process is None else process
+    pid = process
     if process is None:
-        waits = ", waits for other ranks in collectives left out" if t.kernels["transfer_ns"].notna().any() else ""
-        warnings.append(f"{len(kernel_ns_by_pid)} processes launched kernels; this report covers the one with the most "
-                        f"kernel time{waits} (pid {ranks.os_pid(pid)}, {100 * kernel_ns_by_pid[pid] / kernel_ns_by_pid.sum():.0f} %); "
-                        "the ranks table compares them all")
+        pid, which = _main_process(t.kernels, kernel_ns_by_pid)
+        warnings.append(f"{len(kernel_ns_by_pid)} processes launched kernels; this report covers {which} "
+                        f"(pid {ranks.os_pid(pid)}, {100 * kernel_ns_by_pid[pid] / kernel_ns_by_pid.sum():.0f} % of the "
+                        "kernel time); the ranks table compares them all")
     own = {name: getattr(t, name) for name in ("runtime_api", "nvtx", "memcpy", "memset")}
     return t._replace(kernels=t.kernels[t.kernels["global_pid"] == pid].reset_index(drop=True),
                       **{name: df[df["global_pid"] == pid].reset_index(drop=True) if not df.empty else df
                          for name, df in own.items()}), procs
+
+
+def _main_process(kernels: pd.DataFrame, kernel_ns_by_pid: pd.Series) -> tuple[int, str]:
+    """(global_pid, how it was chosen) of the process a several-process report covers: where the
+    collectives were split into transfer and wait (comm module doc), the rank whose collectives
+    wait least, the one the others wait for (its steps are the job's critical path; the ranks that
+    arrive first spin longest in NCCL and would win on kernel time); else the most kernel time."""
+    split = kernels["transfer_ns"].notna()
+    if split.any():
+        waits = (kernels["duration_ns"] - kernels["transfer_ns"])[split].groupby(kernels["global_pid"][split]).sum()
+        return int(waits.idxmin()), "the rank the others wait for in their collectives"
+    return int(kernel_ns_by_pid.idxmax()), "the one with the most kernel time"
 
 
 def _main_device(kernels: pd.DataFrame, devices: pd.DataFrame, warnings: list[str]) -> pd.Series:
