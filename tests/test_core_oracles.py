@@ -1,0 +1,270 @@
+"""Fast oracles of the analysis core (issue 25, part 0): classification, the per-step statistics and
+the fusion savings, recomputed in this file from the run database of small real captures (row by
+row, in plain Python, not with the analysis' own code) and held against what the analysis wrote.
+These are the tests the mutation run (``scripts/mutation.sh``) selects for those modules: each
+capture takes under a second to analyse, so a mutant is checked in seconds."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pandas as pd
+import pytest
+
+from gpudiag.analysis.costmodel import CONTRACTION_OPS, op_cost
+from gpudiag.analysis.families import CONTRACTION_FAMILIES
+
+# small real captures (H200 and H100): shapes, ncu, no shapes, data flow, an input stall, inference
+CLASSIFIED = ["rmsnorm_train", "tiny_gemm_gelu", "zoo_vit", "towers_inference", "input_pipeline_bad"]
+WITH_NCU = ["mlp_decode", "kernel_pathologies"]
+DATA_FLOW = ["zoo_vit", "towers_inference", "gpt2_train_bf16"]
+
+
+def _kernels(db) -> pd.DataFrame:
+    return pd.read_sql_query(
+        "SELECT k.kernel_id, k.name, k.duration_ns, k.start_ns, k.grid_x, k.grid_y, k.grid_z, k.block_x, k.block_y,"
+        " k.block_z, a.step, a.op, a.op_args, a.op_call, a.api_start_ns, c.* FROM kernels k"
+        " JOIN kernel_attribution a USING (kernel_id) JOIN kernel_class c USING (kernel_id) ORDER BY k.kernel_id",
+        db.conn).loc[:, lambda f: ~f.columns.duplicated()]
+
+
+def _blocks(row) -> float:
+    return math.prod(1.0 if pd.isna(v) else float(v) for v in (row.grid_x, row.grid_y, row.grid_z))
+
+
+def _expected_class(row, device: dict) -> str:
+    """The class of one kernel by design.md's rules, from its row alone."""
+    launch, sms = device["launch_overhead_ns"], max(device["sm_count"], 1)
+    if row.family == "communication":
+        return "communication"
+    if (row.duration_ns < launch and _blocks(row) < sms) or row.duration_ns < launch / 2:
+        return "overhead"
+    if row.evidence in ("shapes", "ncu"):
+        ridge = device["peak_flop_per_s"][row.math_path] / device["memory_bandwidth_bytes_per_s"]
+        return "compute" if row.flop / row.bytes >= ridge else "bandwidth"
+    return "compute" if row.family in CONTRACTION_FAMILIES else "bandwidth"
+
+
+@pytest.mark.parametrize("name", CLASSIFIED + WITH_NCU)
+def test_each_kernel_class_follows_the_rules_from_its_own_row(name, analysed, analysed_with_ncu):
+    db, report = (analysed_with_ncu if name in WITH_NCU else analysed)(name)
+    k = _kernels(db)
+    device = report["device"]
+    expected = [_expected_class(row, device) for row in k.itertuples()]
+    assert list(k["kernel_class"]) == expected
+    assert set(k["evidence"]) <= {"ncu", "shapes", "heuristic"}
+    roof = k[k["evidence"] != "heuristic"]
+    bandwidth = device["memory_bandwidth_bytes_per_s"]
+    for row in roof.itertuples():
+        peak = device["peak_flop_per_s"][row.math_path]
+        seconds = row.duration_ns * 1e-9
+        assert row.intensity == pytest.approx(row.flop / row.bytes, rel=1e-12)
+        assert row.ridge == pytest.approx(peak / bandwidth, rel=1e-12)
+        assert row.achieved_flop_per_s == pytest.approx(row.flop / seconds, rel=1e-12)
+        assert row.achieved_bytes_per_s == pytest.approx(row.bytes / seconds, rel=1e-12)
+        assert row.efficiency == pytest.approx(max(row.flop / peak, row.bytes / bandwidth) / seconds, rel=1e-12)
+    # a kernel classified by its name has no roofline numbers unless they came from shapes it could not use
+    assert k.loc[k["evidence"] == "heuristic", "ridge"].isna().sum() + k["math_path"].notna().sum() >= len(roof)
+
+
+@pytest.mark.parametrize("name", WITH_NCU)
+def test_ncu_measurements_are_the_evidence_where_profiled(name, analysed_with_ncu):
+    """The kernels Nsight Compute replayed carry its FLOPs and DRAM bytes (evidence ``ncu``); the
+    report counts them."""
+    db, report = analysed_with_ncu(name)
+    k = _kernels(db)
+    assert (k["evidence"] == "ncu").any()
+    assert report["classification"]["ncu_kernels_profiled"] > 0
+    assert (k.loc[k["evidence"] == "ncu", "bytes"] > 0).all()
+
+
+def _shape_costs_by_hand(detail: pd.DataFrame) -> dict[int, tuple[float, float, str]]:
+    """kernel_id -> (flop, bytes, math_path) of the detail step's kernels: each op call's cost
+    shared by duration; a contraction's FLOPs go to its GEMM/conv/attention kernels only."""
+    out = {}
+    for _, call in detail[detail["op_call"] >= 0].groupby("op_call"):
+        cost = op_cost(call["op"].iloc[0], call["op_args"].iloc[0])
+        if cost is None or cost.math_path is None:
+            continue
+        total = call["duration_ns"].sum()
+        contraction = call["family"].isin(CONTRACTION_FAMILIES)
+        contraction_ns = call.loc[contraction, "duration_ns"].sum()
+        for row, is_contraction in zip(call.itertuples(), contraction):
+            share = row.duration_ns / total if total else 1.0
+            if call["op"].iloc[0] in CONTRACTION_OPS and contraction_ns > 0:
+                flop_share = row.duration_ns / contraction_ns if is_contraction else 0.0
+            else:
+                flop_share = share if total else 0.0
+            out[row.kernel_id] = (cost.flop * flop_share, cost.bytes * share, cost.math_path)
+    return out
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_train", "mlp_chain_b4096", "zoo_vit", "towers_inference"])
+def test_detail_step_flops_and_bytes_are_the_op_calls_shared_by_duration(name, analysed):
+    db, _ = analysed(name)
+    k = _kernels(db)
+    detail_step = db.conn.execute("SELECT step FROM steps WHERE detail").fetchone()
+    detail = k[k["step"] == detail_step[0]] if detail_step else k
+    by_hand = _shape_costs_by_hand(detail)
+    assert by_hand, "the capture has op shapes"
+    rows = k.set_index("kernel_id")
+    for kernel_id, (flop, nbytes, path) in by_hand.items():
+        row = rows.loc[kernel_id]
+        if row["family"] == "communication":
+            continue
+        assert row["flop"] == pytest.approx(flop, rel=1e-9, abs=1e-6)
+        assert row["bytes"] == pytest.approx(nbytes, rel=1e-9)
+        assert row["math_path"] == path
+    # the n-th launch of a configuration in any step does what the detail step's n-th launch did
+    k["ordinal"] = k.groupby(["step", "config_key"]).cumcount()
+    source = k[k["kernel_id"].isin(by_hand)].drop_duplicates(["config_key", "ordinal"]).set_index(["config_key", "ordinal"])
+    others = k[(k["step"] != (detail_step[0] if detail_step else None)) & k["math_path"].notna()]
+    matched = others.merge(source[["flop", "bytes"]].add_suffix("_detail"), left_on=["config_key", "ordinal"],
+                           right_index=True)
+    assert len(matched) > 0
+    assert (matched["bytes"] == matched["bytes_detail"]).all() and (matched["flop"] == matched["flop_detail"]).all()
+
+
+def test_without_op_shapes_every_kernel_is_classified_by_its_name(analysed):
+    db, _ = analysed("tiny_gemm_gelu")  # captured before gpudiag recorded op shapes
+    k = _kernels(db)
+    assert not k["op_call"].ge(0).any()
+    assert set(k["evidence"]) == {"heuristic"} and k["flop"].isna().all()
+
+
+# ---- per-step statistics -------------------------------------------------------------------------
+
+def _steps(report) -> list[dict]:
+    return report["steps"]["per_step"]
+
+
+def _copies_by_step(db, steps: pd.DataFrame) -> dict[int, float]:
+    """ns of copies and memsets per step, each in the step whose range holds its launch call."""
+    rows = db.conn.execute(
+        "SELECT r.start_ns, c.duration_ns FROM (SELECT correlation_id, global_pid, duration_ns FROM memcpy"
+        " UNION ALL SELECT correlation_id, global_pid, duration_ns FROM memset) c"
+        " JOIN runtime_api r ON r.correlation_id = c.correlation_id AND r.global_pid = c.global_pid").fetchall()
+    out: dict[int, float] = {}
+    for api_start, duration in rows:
+        for s in steps.itertuples():
+            if s.cpu_start_ns <= api_start < s.cpu_end_ns:
+                out[int(s.step)] = out.get(int(s.step), 0.0) + duration
+    return out
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_train", "input_pipeline_bad", "towers_inference", "mlp_chain_b4096"])
+def test_per_step_class_times_are_kernel_sums_scaled_to_the_busy_time(name, analysed):
+    db, report = analysed(name)
+    k = _kernels(db)
+    steps = pd.read_sql_query("SELECT * FROM steps", db.conn)
+    copies = _copies_by_step(db, steps)
+    measured = [e for e in _steps(report) if "compute_ns" in e]
+    assert measured
+    for e in measured:
+        mine = k[k["step"] == e["step"]]
+        by_class = {c: float(mine.loc[mine["kernel_class"] == c, "duration_ns"].sum())
+                    for c in ("compute", "bandwidth", "overhead", "communication")}
+        by_class["bandwidth"] += copies.get(e["step"], 0.0)
+        scale = e["busy_ns"] / sum(by_class.values())
+        host = e["host_bound_idle_ns"]
+        assert e["compute_ns"] == pytest.approx(by_class["compute"] * scale, rel=1e-9)
+        assert e["bandwidth_ns"] == pytest.approx(by_class["bandwidth"] * scale, rel=1e-9)
+        assert e["overhead_ns"] == pytest.approx(by_class["overhead"] * scale + host, rel=1e-9)
+        assert e["communication_ns"] == pytest.approx(by_class["communication"] * scale, rel=1e-9, abs=1e-6)
+        assert e["other_idle_ns"] == pytest.approx(e["idle_ns"] - host, rel=1e-9, abs=1e-6)
+        assert 0 <= host <= e["idle_ns"]
+        assert e["step_time_ns"] == e["busy_ns"] + e["idle_ns"] and e["kernels"] == len(mine)
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_train", "input_pipeline_bad", "towers_inference", "mlp_chain_b4096"])
+def test_breakdown_and_step_statistics_are_means_over_the_measured_steps(name, analysed):
+    _, report = analysed(name)
+    entries = _steps(report)
+    measured = [e for e in entries if e["measured"]]
+    times = [e["step_time_ns"] for e in measured]
+    assert report["steps"]["step_time_ns"] == {"mean": pytest.approx(statistics.fmean(times)),
+                                                "median": pytest.approx(statistics.median(times)),
+                                                "min": min(times), "max": max(times)}
+    both = [e["step_time_ns"] for e in entries if e["measured"] or e["outlier"]]
+    assert report["steps"]["step_time_ns_with_outliers"]["max"] == max(both)
+    assert report["steps"]["step_time_ns_with_outliers"]["median"] == pytest.approx(statistics.median(both))
+    assert report["steps"]["measured"] == len(measured)
+    step = statistics.fmean(times)
+    with_classes = [e for e in measured if "compute_ns" in e]
+    for key in ("compute", "bandwidth", "overhead", "communication"):
+        mean = statistics.fmean(e[f"{key}_ns"] for e in with_classes)
+        assert report["breakdown_ns_per_step"][f"{key}_ns"] == pytest.approx(mean, rel=1e-9, abs=1e-6)
+        assert report["breakdown_percent"][key] == pytest.approx(100 * mean / step, rel=1e-9, abs=1e-9)
+    idle = statistics.fmean(e["other_idle_ns"] for e in with_classes)
+    assert report["breakdown_percent"]["idle"] == pytest.approx(100 * idle / step, rel=1e-9, abs=1e-9)
+    # busy + idle is the step: the five shares add up to the mean step
+    assert sum(report["breakdown_percent"].values()) == pytest.approx(
+        100 * statistics.fmean(e["busy_ns"] + e["idle_ns"] for e in with_classes) / step, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_train", "towers_inference"])
+def test_per_step_metrics_are_the_gates_samples(name, analysed):
+    db, report = analysed(name)
+    k = _kernels(db)
+    entries = {e["step"]: e for e in _steps(report)}
+    metrics = report["per_step_metrics"]
+    assert [m["step"] for m in metrics] == [e["step"] for e in _steps(report) if e["measured"]]
+    for m in metrics:
+        e = entries[m["step"]]
+        assert m["step_time_ns"] == e["step_time_ns"] and m["busy_ns"] == e["busy_ns"]
+        assert m["kernel_launches"] == e["kernels"]
+        assert m["overhead_percent"] == pytest.approx(100 * e["overhead_ns"] / e["step_time_ns"], rel=1e-12)
+        mine = k[k["step"] == m["step"]]
+        assert m["families_ns"] == pytest.approx(mine.groupby("family")["duration_ns"].sum().astype(float).to_dict())
+
+
+# ---- fusion savings ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", DATA_FLOW)
+def test_fusion_savings_are_the_chain_minus_the_fused_floor(name, analysed):
+    """fused floor = external bytes at peak bandwidth + one launch; saving per step = (median chain
+    time - floor, not below zero) x occurrences; candidates best first; the reference kernels'
+    totals are the sums over the candidates they match."""
+    _, report = analysed(name)
+    device = report["device"]
+    candidates = report["fusion_candidates"]
+    assert candidates
+    for c in candidates:
+        floor = c["external_bytes"] / device["memory_bandwidth_bytes_per_s"] * 1e9 + device["launch_overhead_ns"]
+        assert c["fused_floor_ns"] == pytest.approx(floor, rel=1e-12)
+        assert c["saving_ns_per_step"] == pytest.approx(max(c["chain_ns"] - floor, 0.0) * c["occurrences_per_step"], rel=1e-12)
+        assert c["kernels_per_occurrence"] >= 2 and len(c["ops"]) >= 2
+        assert c["host_bound"] == any(r["rule_id"] == "GD-OVERHEAD-BOUND" for r in report["recommendations"])
+    savings = [c["saving_ns_per_step"] for c in candidates]
+    assert savings == sorted(savings, reverse=True)
+    assert (report["fusion_note"] is not None) == candidates[0]["host_bound"]
+    totals: dict[str, list] = {}
+    for c in candidates:
+        if c["reference_kernel"]:
+            t = totals.setdefault(c["reference_kernel"], [0.0, 0, 0])
+            t[0] += c["saving_ns_per_step"]
+            t[1] += c["occurrences_per_step"]
+            t[2] += 1
+    by_kernel = {r["reference_kernel"]: r for r in report["fusion_saving_by_kernel"]}
+    for kernel, (saving, chains, count) in totals.items():  # the report lists the top candidates only
+        assert by_kernel[kernel]["saving_ns_per_step"] >= saving - 1e-6
+        assert by_kernel[kernel]["chains_per_step"] >= chains and by_kernel[kernel]["candidates"] >= count
+    ranked = [r["saving_ns_per_step"] for r in report["fusion_saving_by_kernel"]]
+    assert ranked == sorted(ranked, reverse=True)
+
+
+@pytest.mark.parametrize("name", DATA_FLOW)
+def test_each_candidates_chain_time_is_its_kernels_time(name, analysed):
+    """chain_ns (the median occurrence) lies between the shortest and the longest sum of kernel time
+    of the op-call sequences made of the candidate's ops in the detail step, and no occurrence
+    can take longer than the step's kernels of those ops together."""
+    db, report = analysed(name)
+    k = _kernels(db)
+    detail = db.conn.execute("SELECT step FROM steps WHERE detail").fetchone()
+    d = k[(k["step"] == detail[0]) & (k["op_call"] >= 0)] if detail else k[k["op_call"] >= 0]
+    per_op = d.groupby("op")["duration_ns"].sum()
+    for c in report["fusion_candidates"]:
+        upper = sum(per_op.get(op, 0.0) for op in set(c["ops"]))
+        assert 0 < c["chain_ns"] <= upper + 1e-6
+        assert c["chain_ns"] * c["occurrences_per_step"] <= upper * len(c["ops"]) + 1e-6
