@@ -24,9 +24,10 @@ def step(samples: int | None = None) -> None:
 
 
 def __getattr__(name: str):
-    """``gpudiag.load`` and ``gpudiag.Run``, from :mod:`gpudiag.api` on first use (it imports pandas)."""
-    if name in ("load", "Run"):
-        from gpudiag import api
+    """``gpudiag.load``, ``gpudiag.Run`` and ``gpudiag.api`` itself (with ``UserError``), imported on
+    first use (the library imports pandas)."""
+    if name in ("load", "Run", "api"):
+        import gpudiag.api
 
-        return getattr(api, name)
+        return gpudiag.api if name == "api" else getattr(gpudiag.api, name)
     raise AttributeError(f"module 'gpudiag' has no attribute {name!r}")
