@@ -2,6 +2,10 @@
 
 The only name a user's script may need is :func:`step`, which marks the end of one training or
 inference step when step boundaries cannot be detected from ``optimizer.step()``.
+
+In a notebook, ``gpudiag.load(path)`` analyses a capture and returns a :class:`gpudiag.api.Run`
+with its tables as DataFrames (docs/api.md). It is imported on first use, so ``import gpudiag``
+(and the command line's start-up) stays light.
 """
 
 __version__ = "0.1.0"
@@ -17,3 +21,13 @@ def step(samples: int | None = None) -> None:
     from gpudiag.capture import instrument
 
     instrument.user_step(samples)
+
+
+def __getattr__(name: str):
+    """``gpudiag.load``, ``gpudiag.Run`` and ``gpudiag.api`` itself (with ``UserError``), imported on
+    first use (the library imports pandas)."""
+    if name in ("load", "Run", "api"):
+        import gpudiag.api
+
+        return gpudiag.api if name == "api" else getattr(gpudiag.api, name)
+    raise AttributeError(f"module 'gpudiag' has no attribute {name!r}")

@@ -61,6 +61,36 @@ def load_config(config_file: Path | None) -> gate_mod.GateConfig:
         raise UserError(str(exc), exit_code=exc.exit_code) from None
 
 
+def gated(run: tuple[dict, str]) -> tuple[dict, dict, str]:
+    """(gated metrics, environment, label) of a (parsed report.json or baseline file, label) pair
+    (:func:`read_run`'s answer). Raises UserError, exit 3, when it is neither or has no samples."""
+    try:
+        return (*gate_mod.load(*run), run[1])
+    except gate_mod.GateError as exc:
+        raise UserError(str(exc), exit_code=exc.exit_code) from None
+
+
+def gate_result(baseline: tuple[dict, dict, str], current: tuple[dict, dict, str], config: gate_mod.GateConfig,
+                allow_different_hardware: bool = False) -> dict:
+    """The gate's verdict on two runs, each as :func:`gated` gives it: the ``--format json`` dict
+    (verdict, exit_code, baseline and current labels, metrics, ...). The one comparison of
+    ``gpudiag gate`` and :meth:`gpudiag.api.Run.compare`. Raises UserError, exit 3, when the runs'
+    GPU, driver or torch differ (unless ``allow_different_hardware``) or no metric is in both."""
+    from gpudiag.reports import gate_formats  # imports rich: here, so that --help starts fast
+
+    (base_metrics, base_env, base_label), (cur_metrics, cur_env, cur_label) = baseline, current
+    diffs = gate_mod.differences(base_env, cur_env)
+    if diffs and not allow_different_hardware:
+        raise UserError("not comparable: " + "; ".join(diffs) + " (pass --allow-different-hardware to compare anyway)",
+                        exit_code=EXIT_NOT_COMPARABLE)
+    comparisons = gate_mod.compare(base_metrics, cur_metrics, config)
+    if not any(c.verdict not in ("new", "gone") for c in comparisons):
+        raise UserError(f"nothing comparable between {base_label} and {cur_label}: no metric in both",
+                        exit_code=EXIT_NOT_COMPARABLE)
+    verdict, code = gate_mod.overall(comparisons)
+    return gate_formats.result_dict(comparisons, verdict, code, base_label, cur_label, diffs, config.alpha)
+
+
 @click.command()
 @click.argument("baseline", type=click.Path(path_type=Path))
 @click.argument("current", type=click.Path(path_type=Path))
@@ -94,20 +124,9 @@ def gate(baseline: Path, current: Path, fmt: str, config_file: Path | None, allo
     from gpudiag.reports import gate_formats  # imports rich: here, so that --help starts fast
 
     config = load_config(config_file)
-    try:
-        base_metrics, base_env = gate_mod.load(*read_run(baseline))
-        cur_metrics, cur_env = gate_mod.load(*read_run(current))
-    except gate_mod.GateError as exc:
-        raise UserError(str(exc), exit_code=exc.exit_code) from None
-    diffs = gate_mod.differences(base_env, cur_env)
-    if diffs and not allow_different_hardware:
-        raise UserError("not comparable: " + "; ".join(diffs) + " (pass --allow-different-hardware to compare anyway)",
-                        exit_code=EXIT_NOT_COMPARABLE)
-    comparisons = gate_mod.compare(base_metrics, cur_metrics, config)
-    if not any(c.verdict not in ("new", "gone") for c in comparisons):
-        raise UserError(f"nothing comparable between {baseline} and {current}: no metric in both", exit_code=EXIT_NOT_COMPARABLE)
-    verdict, code = gate_mod.overall(comparisons)
-    result = gate_formats.result_dict(comparisons, verdict, code, str(baseline), str(current), diffs, config.alpha)
+    base = gated(read_run(baseline))  # read and checked in this order: the first bad one is named
+    result = gate_result(base, gated(read_run(current)), config, allow_different_hardware)
+    code = result["exit_code"]
     if fmt == "table":
         gate_formats.terminal(result, show_all=show_all)
     elif fmt == "json":

@@ -9,6 +9,7 @@ from gpudiag import __version__
 from gpudiag.cli import calibrate as calibrate_cmd
 from gpudiag.cli import gate as gate_cmd
 from gpudiag.cli import kernels as kernels_cmd
+from gpudiag.cli import mcp as mcp_cmd
 from gpudiag.cli import profile as profile_cmd
 from gpudiag.cli import report as report_cmd
 
@@ -23,6 +24,7 @@ def cli() -> None:
     gpudiag report RUN_DIR_OR_SQLITE           analyse a run or any nsys SQLite export
     gpudiag gate BASELINE CURRENT              fail CI on a GPU performance regression
     gpudiag calibrate                          measure this GPU's peaks (used by profile)
+    gpudiag mcp                                serve the analysis to coding agents (MCP, stdio)
     """
 
 
@@ -32,3 +34,4 @@ cli.add_command(gate_cmd.gate)
 cli.add_command(gate_cmd.baseline)
 cli.add_command(calibrate_cmd.calibrate)
 cli.add_command(kernels_cmd.kernels)
+cli.add_command(mcp_cmd.mcp)

@@ -7,6 +7,7 @@ import lzma
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -85,6 +86,58 @@ def read_calibration(path: Path, gpu: str | None) -> dict:
     return data
 
 
+@dataclass
+class AnalysisInputs:
+    """What the analysis of one SOURCE needs, checked (:func:`analysis_inputs`)."""
+
+    export: Path  # the nsys SQLite export (.sqlite or .sqlite.xz)
+    status: dict | None  # the launcher's status file of a run directory
+    default_dir: Path  # where gpudiag report writes without -o
+    ncu: Path | None  # the Nsight Compute report, if any
+    calibration: dict | None  # measured peaks, if any
+
+
+def check_steps_from(steps_from: str | None) -> None:
+    """Raises UserError unless ``steps_from`` is None, a step source a report can use, or nvtx:REGEX
+    with a valid regular expression."""
+    if steps_from and not steps_from.startswith("nvtx:") and steps_from not in (
+            "auto", "optimizer", "call", "forward", "generate"):
+        raise UserError(f"--steps-from {steps_from!r}: use nvtx:REGEX (or auto) when reporting")
+    if steps_from and steps_from.startswith("nvtx:"):
+        try:
+            re.compile(steps_from[5:])
+        except re.error as exc:
+            raise UserError(f"--steps-from {steps_from!r}: invalid regular expression ({exc})") from None
+
+
+def analysis_inputs(source: Path, options: AnalysisOptions, ncu: Path | None = None, peaks_file: Path | None = None,
+                    resolved: tuple[Path, dict | None, Path] | None = None) -> AnalysisInputs:
+    """The checked inputs of analysing ``source`` (a run directory or an export file), as
+    ``gpudiag report`` takes them: a run directory's own ncu report and calibration unless ``ncu``
+    and ``peaks_file`` are given. ``resolved``: :func:`resolve_input`'s answer, if already asked.
+    Raises UserError (one line naming the file) for anything that cannot be used."""
+    export, status, default_dir = resolved or resolve_input(source)
+    check_steps_from(options.steps_from)
+    if ncu is None and source.is_dir() and (source / NCU_NAME).exists():
+        ncu = source / NCU_NAME
+    if ncu is not None and not ncu.is_file():
+        raise UserError(f"{ncu}: no such file; pass the .ncu-rep written by ncu or gpudiag profile --ncu")
+    if peaks_file is None and source.is_dir() and (source / CALIBRATION_NAME).exists():
+        peaks_file = source / CALIBRATION_NAME
+    calibration = read_calibration(peaks_file, _gpu_of(export)) if peaks_file else None
+    return AnalysisInputs(export, status, default_dir, ncu, calibration)
+
+
+def _gpu_of(export: Path) -> str | None:
+    """The GPU an export ran on (None for an .xz, read only after decompressing, or an unreadable file)."""
+    from gpudiag.sources.nsys_sqlite import ExportError, read_gpu_in_use
+
+    try:
+        return read_gpu_in_use(export)[0] if export.suffix != ".xz" else None
+    except ExportError:
+        return None
+
+
 def write_reports(result: dict, out_dir: Path) -> None:
     """report.json and report.html of ``result`` in ``out_dir``, each renamed into place only when
     complete (a full disk leaves the old files or none)."""
@@ -93,20 +146,26 @@ def write_reports(result: dict, out_dir: Path) -> None:
     write_atomically({out_dir / "report.json": json_report.to_json(result), out_dir / "report.html": html.render(result)})
 
 
-def _ingest_and_analyse(export: Path, out_dir: Path, options: AnalysisOptions, status: dict | None,
-                        ncu: Path | None, calibration: dict | None, top: int) -> dict:
-    """The run database (under its partial name in ``out_dir``, see :func:`commit`) and the analysis
-    result; UserError naming the user's files."""
+def ingest_and_analyse(export: Path, db_path: Path, options: AnalysisOptions, status: dict | None = None,
+                       ncu: Path | None = None, calibration: dict | None = None, top: int = 20) -> dict:
+    """The analysis of ``export`` (``.sqlite`` or ``.sqlite.xz``; ``ncu``: its Nsight Compute report,
+    ``.ncu-rep`` or ``.ncu-rep.xz``): ingested into the run database ``db_path``, then analysed into
+    report.json's content (a dict, documented in docs/architecture.md). ``status``: the launcher's
+    status of a run directory (warm-up steps, step mode, trials); ``calibration``: measured peaks
+    (:func:`read_calibration`); ``top``: how many kernels the kernel tables keep.
+
+    The one analysis path of ``gpudiag report``, ``gpudiag profile`` and :func:`gpudiag.load`.
+    Raises UserError naming the user's files: exit 2 for a file that is not an export or ncu report,
+    3 for a capture that cannot be analysed (no kernels) or an internal error (said in one line)."""
     from gpudiag.analysis.run import analyse, ingest
     from gpudiag.sources.ncu import NcuError
     from gpudiag.sources.nsys_sqlite import ExportError
-    from gpudiag.store import RUN_DB_NAME
 
     with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
         source = _decompressed(export, Path(tmp))
         ncu_source = _decompressed(ncu, Path(tmp)) if ncu else None
         try:
-            db = ingest(source, partial(out_dir / RUN_DB_NAME), source_name=export.name, ncu_path=ncu_source)
+            db = ingest(source, db_path, source_name=export.name, ncu_path=ncu_source)
         except (ExportError, NcuError) as exc:
             # name the user's files, not the decompressed copies
             message = str(exc).replace(str(source), str(export))
@@ -143,7 +202,8 @@ def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, st
     folders it created are removed again (a folder that existed before is left alone)."""
     created = make_output_folder(out_dir)
     with written_or_removed(out_dir, created):  # also Ctrl-C: a half-written report folder only misleads
-        result = _ingest_and_analyse(export, out_dir, options, status, ncu, calibration, top)
+        # the run database under its partial name until the reports are written (see commit)
+        result = ingest_and_analyse(export, partial(out_dir / "run.sqlite"), options, status, ncu, calibration, top)
         write_reports(result, out_dir)
         commit(out_dir / "run.sqlite")
     from gpudiag.reports import json_report, terminal
@@ -197,30 +257,9 @@ def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, ncu: 
         gpudiag report theirs.sqlite --steps-from 'nvtx:^train_step$' --json
         gpudiag report run.sqlite --ncu run.ncu-rep
     """
-    export, status, default_dir = resolve_input(source)
-    out_dir = out_dir or default_dir
-    _refuse_overwrites(export, out_dir, force)
-    if options.steps_from and not options.steps_from.startswith("nvtx:") and options.steps_from not in (
-            "auto", "optimizer", "call", "forward", "generate"):
-        raise UserError(f"--steps-from {options.steps_from!r}: use nvtx:REGEX (or auto) when reporting")
-    if options.steps_from and options.steps_from.startswith("nvtx:"):
-        try:
-            re.compile(options.steps_from[5:])
-        except re.error as exc:
-            raise UserError(f"--steps-from {options.steps_from!r}: invalid regular expression ({exc})") from None
-    if ncu is None and source.is_dir() and (source / NCU_NAME).exists():
-        ncu = source / NCU_NAME
-    if ncu is not None and not ncu.is_file():
-        raise UserError(f"{ncu}: no such file; pass the .ncu-rep written by ncu or gpudiag profile --ncu")
-    if peaks_file is None and source.is_dir() and (source / CALIBRATION_NAME).exists():
-        peaks_file = source / CALIBRATION_NAME
-    calibration = None
-    if peaks_file:
-        from gpudiag.sources.nsys_sqlite import ExportError, read_gpu_in_use
-
-        try:
-            gpu = read_gpu_in_use(export)[0] if export.suffix != ".xz" else None
-        except ExportError:
-            gpu = None
-        calibration = read_calibration(peaks_file, gpu)
-    analyse_and_report(export, out_dir, options, status=status, as_json=as_json, ncu=ncu, calibration=calibration)
+    resolved = resolve_input(source)
+    out_dir = out_dir or resolved[2]
+    _refuse_overwrites(resolved[0], out_dir, force)
+    inputs = analysis_inputs(source, options, ncu, peaks_file, resolved=resolved)
+    analyse_and_report(inputs.export, out_dir, options, status=inputs.status, as_json=as_json, ncu=inputs.ncu,
+                       calibration=inputs.calibration)
