@@ -1,4 +1,4 @@
-"""The report invariants (gpudiag/analysis/invariants.py): they hold on every committed real
+"""The report invariants (gpudiag/analysis/report/invariants.py): they hold on every committed real
 capture, and each one fires on a report that breaks it."""
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from gpudiag.analysis import invariants, overlaps
-from gpudiag.analysis.peaks import lookup
-from gpudiag.analysis.recommend import RuleContext, multi_stream
+from gpudiag.analysis.report import invariants
+from gpudiag.analysis.rules import overlaps
+from gpudiag.analysis.roofline.peaks import lookup
+from gpudiag.analysis.rules.base import RuleContext
+from gpudiag.analysis.rules.kernels import multi_stream
 from gpudiag.cli.main import cli
 
 from conftest import EXPORTS, ROOT

@@ -97,7 +97,8 @@ def _ingest_and_analyse(export: Path, out_dir: Path, options: AnalysisOptions, s
                         ncu: Path | None, calibration: dict | None, top: int) -> dict:
     """The run database (under its partial name in ``out_dir``, see :func:`commit`) and the analysis
     result; UserError naming the user's files."""
-    from gpudiag.analysis.run import analyse, ingest
+    from gpudiag.analysis.ingest import ingest
+    from gpudiag.analysis.pipeline import analyse
     from gpudiag.sources.ncu import NcuError
     from gpudiag.sources.nsys_sqlite import ExportError
     from gpudiag.store import RUN_DB_NAME

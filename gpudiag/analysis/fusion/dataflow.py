@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis.costmodel import ITEMSIZE, _TENSOR
-from gpudiag.analysis.families import CONTRACTION_FAMILIES
-from gpudiag.analysis.peaks import DevicePeaks
+from gpudiag.analysis.roofline.costmodel import ITEMSIZE, _TENSOR
+from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES
+from gpudiag.analysis.roofline.peaks import DevicePeaks
 
 # Ops Inductor (torch.compile) fuses into generated pointwise/reduction kernels: element-wise math,
 # reductions, normalizations, softmax, casts, copies and layout changes (PyTorch's inductor lowering

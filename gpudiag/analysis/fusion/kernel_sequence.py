@@ -1,14 +1,14 @@
 """Fusion candidates from the kernel sequence alone, for exports without gpudiag's op ranges (a
 colleague's plain ``nsys`` capture, ``gpudiag profile --no-op-ranges``): lower confidence than the
-op data flow of :mod:`gpudiag.analysis.fusion`, and flagged so (``source: "kernel_sequence"``,
+op data flow of :mod:`gpudiag.analysis.fusion.dataflow`, and flagged so (``source: "kernel_sequence"``,
 ``confidence: "low"``).
 
 Model (issue 11, part 2):
 
 - **Runs.** Per measured step and stream, kernels in GPU start order. A run is a maximal sequence of
   at least two consecutive memory-bound kernels (``kernel_class`` bandwidth or overhead,
-  :mod:`gpudiag.analysis.classify`). It ends at a GEMM, convolution or attention kernel
-  (:data:`~gpudiag.analysis.families.CONTRACTION_FAMILIES`, whatever its class: a small GEMM can be
+  :mod:`gpudiag.analysis.roofline.classify`). It ends at a GEMM, convolution or attention kernel
+  (:data:`~gpudiag.analysis.attribution.families.CONTRACTION_FAMILIES`, whatever its class: a small GEMM can be
   classified bandwidth-bound and is still no element-wise op), at an optimizer kernel (already a
   multi-tensor kernel; GD-FUSED-OPTIMIZER covers it), and at a library's internal kernel (cuDNN's
   layout transforms, cuBLAS/CUTLASS helpers, NCCL), which belongs to the library call beside it.
@@ -45,9 +45,9 @@ import re
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis.classify import CONFIG_COLUMNS
-from gpudiag.analysis.families import CONTRACTION_FAMILIES, kernel_label
-from gpudiag.analysis.peaks import DevicePeaks
+from gpudiag.analysis.roofline.classify import CONFIG_COLUMNS
+from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES, kernel_label
+from gpudiag.analysis.roofline.peaks import DevicePeaks
 
 # Kernels that end a run although memory-bound: library internals of the call beside them (cuDNN's
 # nchwToNhwc/nhwcToNchw transforms around an NCHW convolution, cuBLAS/CUTLASS split-K helpers) and
@@ -142,7 +142,7 @@ def kernel_runs(kernels: pd.DataFrame) -> pd.DataFrame:
 def step_label(name: str, short_name: str | None) -> str:
     """A run member as the candidate's ``ops`` list names it: ATen's generic launchers by what they
     compute and their dtype (``pow_tensor_scalar_kernel_impl · fp32``, from
-    :func:`~gpudiag.analysis.families.kernel_label` without the launcher's name), other kernels by
+    :func:`~gpudiag.analysis.attribution.families.kernel_label` without the launcher's name), other kernels by
     their label (``batch_norm_collect_statistics_kernel``)."""
     parts = kernel_label(name, short_name).split(" · ")
     return " · ".join(parts[1:]) if len(parts) == 3 else " · ".join(parts)
@@ -161,7 +161,7 @@ def kernel_sequence_candidates(kernels: pd.DataFrame, peaks: DevicePeaks, n_step
                                top: int | None = 10) -> list[dict]:
     """Fusion candidates from the measured steps' kernels (``kernels``: columns of
     :func:`kernel_runs` plus short_name and, optionally, module), best first, as plain dicts with the
-    keys of :class:`gpudiag.analysis.fusion.Candidate` (``ops``: each kernel's :func:`step_label`;
+    keys of :class:`gpudiag.analysis.fusion.dataflow.Candidate` (``ops``: each kernel's :func:`step_label`;
     ``example_shapes`` empty; ``external_bytes``:
     the floor's bytes) plus ``source`` ("kernel_sequence"), ``confidence`` ("low"), ``bytes_method``
     and ``grids`` (each member's grid). Times in ns, bytes in bytes; ``n_steps`` measured steps in

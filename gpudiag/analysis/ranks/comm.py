@@ -3,8 +3,8 @@
 Definitions (docs/architecture.md, "Multi-GPU runs"):
 
 - *Communication kernels*: class ``communication`` (family from the name: NCCL/RCCL, MSCCL,
-  NVSHMEM, custom all-reduce; :mod:`gpudiag.analysis.families`). A kernel belongs to the step whose
-  window holds its launch call (as every kernel, :mod:`gpudiag.analysis.attribution`).
+  NVSHMEM, custom all-reduce; :mod:`gpudiag.analysis.attribution.families`). A kernel belongs to the step whose
+  window holds its launch call (as every kernel, :mod:`gpudiag.analysis.attribution.ranges`).
 - *Exposed communication* of a step: the union of the step's communication kernel intervals minus
   the union of all compute (non-communication) kernel intervals of the same process on the same
   GPU, whatever step launched them; ns. Copies do not hide communication (they share the links).
@@ -35,8 +35,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis.families import COMMUNICATION
-from gpudiag.analysis.timeline import covered_ns, merge_intervals
+from gpudiag.analysis.attribution.families import COMMUNICATION
+from gpudiag.analysis.steps.timeline import covered_ns, merge_intervals
 
 # nccl-tests doc/PERFORMANCE.md: busbw = algbw x factor(n)
 BUSBW_FACTOR = {

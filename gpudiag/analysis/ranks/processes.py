@@ -3,9 +3,9 @@ process, and a merged view of the ranks side by side.
 
 The per-process analysis is a plain function of (run database file, process):
 :func:`analyse_process` copies the run database into memory (the analysis writes its tables back,
-and ranks must not overwrite each other's) and runs :func:`gpudiag.analysis.run.analyse` on that
-process alone, so a process pool (here) or a cluster engine can map it over processes. The merged
-view (:func:`merged_view`) reads the per-rank reports only.
+and ranks must not overwrite each other's) and runs :func:`gpudiag.analysis.pipeline.analyse` on
+that process alone (the pipeline passes it in: this stage never imports the pipeline), so a process
+pool (here) or a cluster engine can map it over processes. The merged view (:func:`merged_view`) reads the per-rank reports only.
 
 A rank is identified by its process (``global_pid``; the OS pid is bits 24..47) and the GPU that
 ran most of its kernel time; ``RANK``/``LOCAL_RANK`` come from the launcher's status where it
@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
 import pandas as pd
 import sqlite_utils
 
 from gpudiag.analysis.errors import AnalysisError
+from gpudiag.analysis.ingest import Tables
 
 
 def os_pid(global_pid: int) -> int:
@@ -40,18 +42,52 @@ def processes(kernels: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("kernel_ns", ascending=False).reset_index(drop=True)
 
 
+def one_process(t: Tables, process: int | None, warnings: list[str]) -> tuple[Tables, pd.DataFrame | None]:
+    """``t`` restricted to the rows of one process: ``process``, else :func:`main_process` (with a
+    warning); and, when several processes launched kernels and ``process`` is None, every process
+    (:func:`processes`) for the ranks table, else None."""
+    # One process per report: step numbers, stream ids and correlation ids are per process.
+    kernel_ns_by_pid = t.kernels.groupby("global_pid")["duration_ns"].sum()
+    procs = processes(t.kernels) if len(kernel_ns_by_pid) > 1 and process is None else None
+    if process is not None and process not in kernel_ns_by_pid.index:
+        raise AnalysisError(f"process {os_pid(process)} (globalPid {process}) launched no kernel in this export")
+    if len(kernel_ns_by_pid) <= 1:
+        return t, procs
+    pid = process
+    if process is None:
+        pid, which = main_process(t.kernels, kernel_ns_by_pid)
+        warnings.append(f"{len(kernel_ns_by_pid)} processes launched kernels; this report covers {which} "
+                        f"(pid {os_pid(pid)}, {100 * kernel_ns_by_pid[pid] / kernel_ns_by_pid.sum():.0f} % of the "
+                        "kernel time); the ranks table compares them all")
+    own = {name: getattr(t, name) for name in ("runtime_api", "nvtx", "memcpy", "memset")}
+    return t._replace(kernels=t.kernels[t.kernels["global_pid"] == pid].reset_index(drop=True),
+                      **{name: df[df["global_pid"] == pid].reset_index(drop=True) if not df.empty else df
+                         for name, df in own.items()}), procs
+
+
+def main_process(kernels: pd.DataFrame, kernel_ns_by_pid: pd.Series) -> tuple[int, str]:
+    """(global_pid, how it was chosen) of the process a several-process report covers: where the
+    collectives were split into transfer and wait (comm module doc), the rank whose collectives
+    wait least, the one the others wait for (its steps are the job's critical path; the ranks that
+    arrive first spin longest in NCCL and would win on kernel time); else the most kernel time."""
+    split = kernels["transfer_ns"].notna()
+    if split.any():
+        waits = (kernels["duration_ns"] - kernels["transfer_ns"])[split].groupby(kernels["global_pid"][split]).sum()
+        return int(waits.idxmin()), "the rank the others wait for in their collectives"
+    return int(kernel_ns_by_pid.idxmax()), "the one with the most kernel time"
+
+
 def database_file(db: sqlite_utils.Database) -> str | None:
     """The file behind ``db`` (None for an in-memory database)."""
     rows = db.conn.execute("PRAGMA database_list").fetchall()
     return next((r[2] for r in rows if r[1] == "main" and r[2]), None)
 
 
-def analyse_process(run_db: str, global_pid: int, options: dict) -> dict:
-    """report.json's content for process ``global_pid`` of the run database file ``run_db``
-    (``options``: :func:`gpudiag.analysis.run.analyse`'s keyword arguments). The file is only read.
-    Raises AnalysisError as ``analyse`` does."""
-    from gpudiag.analysis.run import analyse
-
+def analyse_process(run_db: str, global_pid: int, options: dict, analyse: Callable[..., dict]) -> dict:
+    """report.json's content for process ``global_pid`` of the run database file ``run_db``: ``analyse``
+    (:func:`gpudiag.analysis.pipeline.analyse`, passed in so that this stage does not import the
+    pipeline) with the keyword arguments ``options``. The file is only read. Raises AnalysisError
+    as ``analyse`` does."""
     src = sqlite3.connect(f"file:{run_db}?mode=ro", uri=True)
     mem = sqlite3.connect(":memory:")
     try:
@@ -61,22 +97,24 @@ def analyse_process(run_db: str, global_pid: int, options: dict) -> dict:
     return analyse(sqlite_utils.Database(mem), process=int(global_pid), **options)
 
 
-def _one(run_db: str, global_pid: int, options: dict) -> dict:
+def _one(run_db: str, global_pid: int, options: dict, analyse: Callable[..., dict]) -> dict:
     """:func:`analyse_process`, with an analysis error kept as the rank's result."""
     try:
-        return analyse_process(run_db, global_pid, options)
+        return analyse_process(run_db, global_pid, options, analyse)
     except AnalysisError as exc:
         return {"error": str(exc)}
 
 
-def analyse_processes(run_db: str, pids: list[int], options: dict, workers: int | None = None) -> dict[int, dict]:
-    """global_pid -> report (or {"error": text}) for each of ``pids``; in a process pool of
-    ``workers`` (default: one per process, at most the CPU count) when there is more than one."""
+def analyse_processes(run_db: str, pids: list[int], options: dict, workers: int | None,
+                      analyse: Callable[..., dict]) -> dict[int, dict]:
+    """global_pid -> report (or {"error": text}) for each of ``pids`` (:func:`analyse_process`); in a
+    process pool of ``workers`` (None: one per process, at most the CPU count) when there is more
+    than one. ``analyse`` is a module-level function, so the pool can pickle it by name."""
     if len(pids) <= 1:
-        return {int(p): _one(run_db, p, options) for p in pids}
+        return {int(p): _one(run_db, p, options, analyse) for p in pids}
     workers = workers or min(len(pids), os.cpu_count() or 1)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {int(p): pool.submit(_one, run_db, int(p), options) for p in pids}
+        futures = {int(p): pool.submit(_one, run_db, int(p), options, analyse) for p in pids}
         return {p: f.result() for p, f in futures.items()}
 
 
@@ -149,7 +187,7 @@ def _rule_saving(report: dict, rule_id: str) -> float:
 def _kernel_ns(report: dict) -> float:
     """GPU work per step: busy time (median over measured steps; the breakdown's "overhead" holds
     host-bound idle too, so it is not used here) less the exposed communication, which on the
-    ranks that arrive first is mostly waiting for the last (:mod:`gpudiag.analysis.comm`)."""
+    ranks that arrive first is mostly waiting for the last (:mod:`gpudiag.analysis.ranks.comm`)."""
     import statistics
 
     busy = [m["busy_ns"] for m in report.get("per_step_metrics") or [] if m.get("busy_ns") is not None]
@@ -244,7 +282,7 @@ def _slowest(timed: list[dict], fastest: float, reports: dict[int, dict]) -> dic
     """``slowest`` of :func:`merged_view`: the rank the others wait for, and why.
 
     - Ranks whose collectives were split into transfer and wait (NCCL kernels of every rank in the
-      export, :mod:`gpudiag.analysis.comm`): the straggler is the rank whose collectives wait
+      export, :mod:`gpudiag.analysis.ranks.comm`): the straggler is the rank whose collectives wait
       least, the last to arrive; ``waited_for_ns`` is how much longer per step the rank that
       waits most waits; ``collective_waits`` is set.
     - Else ranks in lockstep (median steps within :data:`LOCKSTEP`) all take as long as the

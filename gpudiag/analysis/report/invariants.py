@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from gpudiag.analysis.overlaps import largest_additive_total
+from gpudiag.analysis.rules.overlaps import largest_additive_total
 
 # Rounding: percentages are sums of floats over many steps; ±0.5 points is the issue's tolerance.
 SHARE_TOLERANCE_POINTS = 0.5
@@ -70,7 +70,7 @@ def savings_within_the_step(report: dict) -> list[str]:
 
 def additive_savings_within_the_step(report: dict) -> list[str]:
     """Savings of rules that count different time (no rule in the other's ``overlaps``,
-    :mod:`gpudiag.analysis.overlaps`) may be added up: the largest such sum stays within the
+    :mod:`gpudiag.analysis.rules.overlaps`) may be added up: the largest such sum stays within the
     (steady-state mean) step. Rules that count the same time say so instead. Reports written
     before ``overlaps`` existed are not checked."""
     recs = report.get("recommendations") or []
@@ -88,7 +88,7 @@ def additive_savings_within_the_step(report: dict) -> list[str]:
 def steady_state_excludes_outliers(report: dict) -> list[str]:
     """The steady state (``measured`` steps) holds no step over the outlier threshold (factor ×
     the median of the measured and outlier steps), every outlier step is over it, and the counts
-    agree (:mod:`gpudiag.analysis.outliers`). Reports without ``outlier_steps`` are not checked."""
+    agree (:mod:`gpudiag.analysis.steps.outliers`). Reports without ``outlier_steps`` are not checked."""
     found = report.get("outlier_steps")
     per_step = (report.get("steps") or {}).get("per_step") or []
     if not found or found.get("threshold_ns") is None:

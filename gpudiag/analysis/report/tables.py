@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag import nvtx_names
-from gpudiag.analysis.families import kernel_label
+from gpudiag.analysis.attribution.families import kernel_label
 from gpudiag.sources.nsys_sqlite import kernel_summary
 
 # Operator classes of Ivanov et al. 2020, "Data Movement Is All You Need" (MLSys 2021): tensor

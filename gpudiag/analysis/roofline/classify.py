@@ -13,14 +13,14 @@ replace it. Rules, in order:
    ``ncu``): measured FLOPs (all precisions, tensor cores included) and DRAM bytes give the
    arithmetic intensity, held against the ridge of the math path the kernel used.
    With shapes (evidence ``shapes``): the FLOPs and bytes of the aten op that launched the kernel
-   on the detail step (:mod:`gpudiag.analysis.costmodel`), shared among that op call's kernels in
+   on the detail step (:mod:`gpudiag.analysis.roofline.costmodel`), shared among that op call's kernels in
    proportion to their durations, give the arithmetic intensity; at or above the ridge point of
    the op's math path it is compute-bound, below it bandwidth-bound. Other instances of the same
    kernel name and launch configuration inherit the detail step's numbers.
 3. otherwise (evidence ``heuristic``): GEMM, convolution and attention kernels are compute-bound,
    everything else bandwidth-bound.
 
-Collective-library kernels (family ``communication``, :mod:`gpudiag.analysis.families`) are class
+Collective-library kernels (family ``communication``, :mod:`gpudiag.analysis.attribution.families`) are class
 ``communication`` whatever their duration or shapes: they are outside the roofline (their time is
 set by the links and by waiting for the other ranks), so they get no FLOPs, bytes or efficiency.
 """
@@ -30,9 +30,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis.costmodel import CONTRACTION_OPS, op_cost
-from gpudiag.analysis.families import COMMUNICATION, CONTRACTION_FAMILIES, families
-from gpudiag.analysis.peaks import DevicePeaks
+from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, op_cost
+from gpudiag.analysis.attribution.families import COMMUNICATION, CONTRACTION_FAMILIES, families
+from gpudiag.analysis.roofline.peaks import DevicePeaks
 
 CONFIG_COLUMNS = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import pandas as pd
+
 T = 1e12
 
 # name regex, bandwidth bytes/s, {math path: FLOP/s}, source
@@ -124,3 +126,29 @@ def lookup(name: str, sm_count: int = 0, nsys_bandwidth: float | None = None) ->
             return mig_slice(name, sm_count, whole)
     return DevicePeaks(name=name or "unknown GPU", sm_count=sm_count, bandwidth=float(nsys_bandwidth or 0.0),
                        source="nsys TARGET_INFO_GPU.memoryBandwidth (GPU not in the datasheet table; compute peaks unknown)")
+
+
+def main_device(kernels: pd.DataFrame, devices: pd.DataFrame, warnings: list[str]) -> pd.Series:
+    """The ``devices`` row of the GPU that ran the most kernel time (an empty Series when none is known)."""
+    # The GPU that ran most of the kernels sets the peaks (TARGET_INFO_GPU lists every GPU present).
+    by_device = kernels.groupby("device_id")["duration_ns"].sum()
+    if by_device.empty:  # no kernel names its device (a damaged export): the first GPU listed
+        warnings.append("no kernel records its device; peaks are those of the first GPU the export lists")
+    main_device = by_device.idxmax() if not by_device.empty else (devices["device_id"].iloc[0] if not devices.empty else None)
+    if kernels["device_id"].nunique() > 1:
+        warnings.append(f"kernels ran on {kernels['device_id'].nunique()} GPUs; peaks are those of device {main_device}")
+    dev_rows = devices[devices["device_id"] == main_device] if not devices.empty else devices
+    return dev_rows.iloc[0] if not dev_rows.empty else (devices.iloc[0] if not devices.empty else pd.Series(dtype=object))
+
+
+def device_peaks(dev: pd.Series, calibration: dict | None, warnings: list[str]) -> DevicePeaks:
+    """The datasheet peaks of the main GPU ``dev``, measured ones where ``calibration`` is of that GPU."""
+    found = lookup(str(dev.get("name", "")), int(dev.get("sm_count", 0) or 0),
+                   dev.get("memory_bandwidth_bytes_per_s"))
+    if "MIG slice" in found.source:
+        warnings.append(f"ran on a MIG slice ({found.name}): {found.source.split('; ', 1)[-1]}")
+    if calibration and calibration.get("gpu") == found.name:
+        found = with_calibration(found, calibration)
+    elif calibration:
+        warnings.append(f"calibration of {calibration.get('gpu')} ignored: the capture ran on {found.name}")
+    return found

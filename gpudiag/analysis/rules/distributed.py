@@ -4,7 +4,7 @@ rank's launcher recorded (:mod:`gpudiag.capture.ddp_watch`): ``RuleContext.distr
 - GD-DDP-NO-SYNC: gradient accumulation (several ``backward()`` calls per optimizer step) under
   ``DistributedDataParallel`` without ``no_sync()``: DDP all-reduces the gradients after every
   micro-batch's backward, where only the last one's is needed (PyTorch DDP docs, ``no_sync``).
-  Removed GPU time: the step's exposed transfer (:mod:`gpudiag.analysis.comm`; the exposed
+  Removed GPU time: the step's exposed transfer (:mod:`gpudiag.analysis.ranks.comm`; the exposed
   communication where the export has one rank) × (k − 1) / k for k backward calls per step; with
   no collective kernel in the capture (gloo: the all-reduce is host time) it is not estimated.
 - GD-FSDP-RESHARD: FSDP with ``reshard_after_forward=True`` (the default; FSDP1 ``FULL_SHARD``)
@@ -21,21 +21,18 @@ plus exposed transfer) saves nothing, and host time removed from a GPU-bound ste
 Measured on two H100s with NCCL (docs/ranks_proof.md): no_sync on host-bound steps saved nothing
 (56.5 vs 57.0 ms, 98.5 vs 99.1 ms).
 
-``recommend`` imports this module; it imports ``recommend`` at call time.
+The registry imports this module; this one imports ``base``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis.comm import collective_of, exposed_ns, exposed_transfer_ns
-from gpudiag.analysis.host_floor import LAUNCH_API
+from gpudiag.analysis.ranks.comm import collective_of, exposed_ns, exposed_transfer_ns
+from gpudiag.analysis.rules.base import Recommendation, RuleContext
+from gpudiag.analysis.rules.host_floor import LAUNCH_API
 
-if TYPE_CHECKING:
-    from gpudiag.analysis.recommend import Recommendation, RuleContext
 
 
 def distributed_context(status: dict | None, measured_ids) -> dict | None:
@@ -85,8 +82,6 @@ def bounded_saving(ctx: "RuleContext", gpu_path: float, gpu_ns: float, host_ns: 
 
 def ddp_no_sync(ctx: "RuleContext") -> "Recommendation | None":
     """GD-DDP-NO-SYNC (see the module docstring)."""
-    from gpudiag.analysis.recommend import Recommendation
-
     info = ctx.distributed
     k = (info or {}).get("backward_per_step")
     if not info or not info.get("bucket_cap_mb") or not k or k <= 1 or info.get("no_sync_calls"):
@@ -123,8 +118,6 @@ def _unshard_host_ns(ag: pd.DataFrame, api: pd.DataFrame) -> float:
 
 def fsdp_reshard(ctx: "RuleContext") -> "Recommendation | None":
     """GD-FSDP-RESHARD (see the module docstring)."""
-    from gpudiag.analysis.recommend import Recommendation
-
     info = (ctx.distributed or {}).get("fsdp")
     c = ctx.collectives
     values = info.get("reshard_after_forward") if info else None

@@ -1,28 +1,27 @@
 """Rules an expert applies first (issue 11): memory layout, fp32 work under autocast, batch-size
 headroom, torch.compile, cudnn.benchmark and attention off the flash kernels.
 
-Each rule takes the :class:`~gpudiag.analysis.recommend.RuleContext` of the measured steps and
-returns at most one :class:`~gpudiag.analysis.recommend.Recommendation` with a stable ``rule_id``,
+Each rule takes the :class:`~gpudiag.analysis.rules.base.RuleContext` of the measured steps and
+returns at most one :class:`~gpudiag.analysis.rules.base.Recommendation` with a stable ``rule_id``,
 the evidence (kernels, time per measured step), the estimated saving per step with the model
-behind it, and the fix. :data:`EXPERT_RULES` is appended to ``recommend.RULES``; ``recommend``
+behind it, and the fix. :data:`EXPERT_RULES` is appended to ``registry.RULES``; the registry
 silences any estimated saving under 0.5 % of the step. Thresholds are gpudiag's choices unless a
-source is named. ``recommend`` imports this module, so this one imports ``recommend`` at call time.
+source is named. The registry imports this module; this one imports only ``base`` and the rules it builds on.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis.costmodel import ITEMSIZE, _tensors
-from gpudiag.analysis.families import CONTRACTION_FAMILIES
+from gpudiag.analysis.roofline.costmodel import ITEMSIZE, _tensors
+from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES
+from gpudiag.analysis.rules.base import Recommendation, RuleContext, top_evidence
+from gpudiag.analysis.rules.host import overhead_saving
+from gpudiag.analysis.rules.kernels import small_grids
 
-if TYPE_CHECKING:
-    from gpudiag.analysis.recommend import Recommendation, RuleContext
 
 # cuDNN's NCHW<->NHWC conversions around its NHWC convolution kernels (cudnn::engines_precompiled::
 # nchwToNhwcKernel / nhwcToNchwKernel; CUTLASS-style spellings too).
@@ -71,18 +70,6 @@ ATTENTION_WINDOW = 8
 # (is_log_softmax) is true.
 LOG_SOFTMAX = re.compile(r"log_?softmax|LogSoftMax|softmax_warp_\w+<(?:[^,<>]+,){4}\s*\(bool\)1", re.IGNORECASE)
 LAUNCH_CONFIG = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
-
-
-def _recommendation(*args, **kwargs) -> "Recommendation":
-    from gpudiag.analysis.recommend import Recommendation  # recommend imports this module
-
-    return Recommendation(*args, **kwargs)
-
-
-def _top(df: pd.DataFrame, n_steps: int, k: int = 3) -> list[str]:
-    from gpudiag.analysis.recommend import _top as top
-
-    return top(df, n_steps, k)
 
 
 def _matches(names: pd.Series, pattern: re.Pattern) -> pd.Series:
@@ -140,7 +127,7 @@ def channels_last(ctx: "RuleContext") -> "Recommendation | None":
     layout, bn, bn_saving = parts
     layout_ns, bn_ns = _per_step(layout, ctx), _per_step(bn, ctx)
     saving = layout_ns + bn_saving
-    return _recommendation(
+    return Recommendation(
         "GD-CHANNELS-LAST", "The convolutions run in NCHW: cuDNN converts layouts and BatchNorm runs its slow NCHW kernels",
         saving,
         f"layout-conversion kernel time ({_ms(layout_ns)}) + NCHW BatchNorm time ({_ms(bn_ns)}) minus its op bytes at "
@@ -148,7 +135,7 @@ def channels_last(ctx: "RuleContext") -> "Recommendation | None":
         "ResNet-50 bf16 on the H100); GPU time: a step that then waits for launches shrinks by less",
         [f"{_ms(layout_ns)}/step in NCHW<->NHWC conversions ({len(layout) / ctx.n_steps:.0f} launches/step), "
          f"{_ms(bn_ns)}/step in NCHW BatchNorm kernels ({100 * (layout_ns + bn_ns) / ctx.step_ns:.0f} % of the step together)",
-         *_top(pd.concat([layout, bn]), ctx.n_steps)],
+         *top_evidence(pd.concat([layout, bn]), ctx.n_steps)],
         "Convert the model and its inputs to channels-last: `model = model.to(memory_format=torch.channels_last)` and "
         "`x = x.to(memory_format=torch.channels_last)` (PyTorch tutorial \"Channels Last Memory Format\"); then "
         "`torch.compile(model)` fuses BatchNorm + ReLU (+ the residual add).")
@@ -218,13 +205,13 @@ def fp32_under_autocast(ctx: "RuleContext") -> "Recommendation | None":
     casts = ctx.detail[ctx.detail["op"].isin(CASTS)] if not ctx.detail.empty else ctx.detail
     cast_names = set(casts["name"]) if not casts.empty else set()
     cast_ns = _per_step(km[km["name"].isin(cast_names)], ctx)
-    return _recommendation(
+    return Recommendation(
         "GD-FP32-UNDER-AUTOCAST", "Element-wise and norm kernels run in fp32 while the GEMMs run in bf16/fp16", saving,
         "sum of those kernels' time x the share of their bytes that bf16 would save (fp32 bytes / 2 over all bytes, "
         "from the recorded dtypes; bandwidth-bound kernels scale with bytes)",
         [f"{_ms(_per_step(fp32, ctx))}/step in {len(fp32) / ctx.n_steps:.0f} fp32 element-wise/norm/reduction "
          f"launches/step ({100 * _per_step(fp32, ctx) / ctx.step_ns:.0f} % of the step); GEMMs in bf16/fp16",
-         *_top(fp32, ctx.n_steps),
+         *top_evidence(fp32, ctx.n_steps),
          f"plus {_ms(cast_ns)}/step of casts between fp32 and 16-bit types (not counted: autocast's weight casts stay)"],
         "Keep the residual stream and the norms' inputs/outputs in bf16 (e.g. load the model in bf16, or cast the "
         "embedding output once) and upcast only inside fused kernels that compute in fp32 registers: "
@@ -233,29 +220,14 @@ def fp32_under_autocast(ctx: "RuleContext") -> "Recommendation | None":
 
 # ---- batch headroom ---------------------------------------------------------------------------------
 
-def _overhead_saving(ctx: "RuleContext") -> float:
-    """GD-OVERHEAD-BOUND's saving, corrected for the host time the profiler added (bare run) the
-    way ``representative`` corrects it; 0 when the rule does not fire or would not survive it."""
-    from gpudiag.analysis.recommend import overhead_bound
-
-    rec = overhead_bound(ctx)
-    if rec is None:
-        return 0.0
-    if ctx.bare_inflation_ns is None:
-        return rec.saving_ns_per_step
-    corrected = max(0.0, rec.saving_ns_per_step - max(0.0, ctx.bare_inflation_ns))
-    bare_step = ctx.step_ns - max(0.0, ctx.bare_inflation_ns)
-    return corrected if corrected >= 0.15 * bare_step else 0.0  # recommend.overhead_bound's 15 %
-
-
 def _launch_saving(ctx: "RuleContext", removed: float, launches: float, gpu_saving: float) -> float:
     """Host time saved per step on an overhead-bound step by removing ``removed`` of its
     ``launches`` launches, beyond ``gpu_saving`` (already counted): the step shortens by
     min(removed x the host time per launch, bare step - the GPU's kernel time left), the host time
     per launch being the bare step over its launches
-    (:func:`gpudiag.analysis.host_floor.host_ns_per_launch`). Issue 21: on a GNN step the old
+    (:func:`gpudiag.analysis.rules.host_floor.host_ns_per_launch`). Issue 21: on a GNN step the old
     estimate, idle time x the share of launches, missed most of what compile saved."""
-    from gpudiag.analysis.host_floor import host_ns_per_launch, untraced_factor
+    from gpudiag.analysis.rules.host_floor import host_ns_per_launch, untraced_factor
 
     per_launch = host_ns_per_launch(ctx.step_ns, launches, ctx.bare_inflation_ns)
     bare_step = ctx.step_ns * untraced_factor(ctx.step_ns, ctx.bare_inflation_ns)
@@ -273,13 +245,11 @@ def batch_headroom(ctx: "RuleContext") -> "Recommendation | None":
     Saving per step: the overhead-bound saving (corrected for the profiler, as ``representative``
     does) or else the small-grid saving, i.e. time per current batch's samples; it is the same time
     those rules count, so it overlaps them (not additive)."""
-    from gpudiag.analysis.recommend import small_grids
-
     measured = [ctx.peak_memory_bytes[s] for s in ctx.measured_steps if ctx.peak_memory_bytes.get(s)]
     peak = max(measured or list(ctx.peak_memory_bytes.values()) or [0])
     if not peak or not ctx.device_memory_bytes or peak >= HEADROOM_SHARE * ctx.device_memory_bytes:
         return None
-    overhead = _overhead_saving(ctx)
+    overhead = overhead_saving(ctx)
     grid = small_grids(ctx) if not overhead else None
     if not overhead and grid is None:
         return None
@@ -290,7 +260,7 @@ def batch_headroom(ctx: "RuleContext") -> "Recommendation | None":
         return None
     best = gains[max(gains)]
     bare_step = ctx.step_ns * _untraced(ctx)
-    rec = _recommendation(
+    rec = Recommendation(
         "GD-BATCH-HEADROOM", f"Memory to spare while the GPU is underused: a larger batch, up to {best:.1f}x samples/s",
         bare_step * (1.0 - 1.0 / gains[min(gains)]),
         "a throughput gain, not a shorter step: samples/s x k x bare step / max(bare step, k x the step's kernel "
@@ -306,7 +276,7 @@ def batch_headroom(ctx: "RuleContext") -> "Recommendation | None":
 
 
 def _untraced(ctx: "RuleContext") -> float:
-    from gpudiag.analysis.host_floor import untraced_factor
+    from gpudiag.analysis.rules.host_floor import untraced_factor
 
     return untraced_factor(ctx.step_ns, ctx.bare_inflation_ns)
 
@@ -356,10 +326,10 @@ def torch_compile(ctx: "RuleContext") -> "Recommendation | None":
     gpu -= overlap
     removed = float(sum((c["kernels_per_occurrence"] - 1) * c["occurrences_per_step"] for c in fusable))
     launches = len(ctx.km) / ctx.n_steps
-    overhead = _overhead_saving(ctx)
+    overhead = overhead_saving(ctx)
     launch_part = _launch_saving(ctx, removed, launches, gpu) if overhead else 0.0
     top = sorted(fusable, key=lambda c: -c["saving_ns_per_step"])[:3]
-    return _recommendation(
+    return Recommendation(
         "GD-TORCH-COMPILE", "torch.compile would fuse the memory-bound op chains", gpu + launch_part,
         f"compile-fusable fusion candidates' saving ({_ms(gpu)}: chain time - fused floor"
         + (f", less the {_ms(overlap)} GD-CHANNELS-LAST already takes out of their BatchNorm kernels" if overlap else "")
@@ -383,13 +353,13 @@ def _compiled_leftovers(ctx: "RuleContext", fusable: list[dict], gpu: float) -> 
     if not fusable and not breaks:
         return None
     reasons = [str(r)[:120] for r in (dynamo.get("graph_break_reasons") or [])[:3]]
-    return _recommendation(
+    return Recommendation(
         "GD-TORCH-COMPILE", "torch.compile left memory-bound work unfused", gpu,
         "saving of the compile-fusable chains still run eagerly (chain time - fused floor); graph breaks not estimated",
         [f"{_ms(_per_step(eager, ctx))}/step of memory-bound kernels outside compiled graphs "
          f"({len(eager) / ctx.n_steps:.0f} launches/step), {len(fusable)} eager fusable chains",
          f"{breaks} graph break(s), {dynamo.get('recompiles', 0)} recompilation(s)" + (": " + "; ".join(reasons) if reasons else ""),
-         *_top(eager, ctx.n_steps, 2)],
+         *top_evidence(eager, ctx.n_steps, 2)],
         "Compile the code that still runs eagerly (the loss, pre/post-processing, or the whole training step), and "
         "remove graph breaks (`TORCH_LOGS=graph_breaks`, `torch._dynamo.explain(model)(x)`).")
 
@@ -409,11 +379,11 @@ def cudnn_benchmark(ctx: "RuleContext") -> "Recommendation | None":
     conv_ns = _per_step(conv, ctx)
     if conv_ns < CONV_HEAVY_SHARE * ctx.step_ns:
         return None
-    return _recommendation(
+    return Recommendation(
         "GD-CUDNN-BENCHMARK", "cudnn.benchmark is off in a convolution-heavy step", 0.0,
         "not estimated (depends on what cuDNN's autotuning finds for these shapes)",
         [f"torch.backends.cudnn.benchmark = False; {_ms(conv_ns)}/step in cuDNN convolution and layout kernels "
-         f"({100 * conv_ns / ctx.step_ns:.0f} % of the step)", *_top(conv, ctx.n_steps)],
+         f"({100 * conv_ns / ctx.step_ns:.0f} % of the step)", *top_evidence(conv, ctx.n_steps)],
         "Set `torch.backends.cudnn.benchmark = True` before the first step when input shapes are fixed (cuDNN times "
         "its algorithms once per shape; varying shapes re-tune each time).", saving_estimated=False)
 
@@ -458,11 +428,11 @@ def attention_not_flash(ctx: "RuleContext") -> "Recommendation | None":
     evidence = []
     if not sandwiched.empty:
         evidence += [f"{len(sandwiched) / ctx.n_steps:.0f} softmax launches/step between GEMM kernels "
-                     f"({_ms(saving)}/step; no op ranges in this export)", *_top(sandwiched, ctx.n_steps, 2)]
+                     f"({_ms(saving)}/step; no op ranges in this export)", *top_evidence(sandwiched, ctx.n_steps, 2)]
     if not efficient.empty:
         evidence += [f"{_ms(_per_step(efficient, ctx))}/step in memory-efficient attention kernels",
-                     *_top(efficient, ctx.n_steps, 2)]
-    return _recommendation(
+                     *top_evidence(efficient, ctx.n_steps, 2)]
+    return Recommendation(
         "GD-ATTENTION-NOT-FLASH", "Attention does not run on the flash kernels", saving,
         "softmax kernel time between the attention GEMMs (kept on chip by a fused kernel)"
         + ("; memory-efficient kernels: not estimated" if not efficient.empty else ""),

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from gpudiag.analysis.recommend import RuleContext
+    from gpudiag.analysis.rules.base import RuleContext
 
 LAUNCH_API = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel|cudaLaunchKernelExC|cudaGraphLaunch|cuGraphLaunch|cudaLaunchCooperativeKernel)")
 SYNC_API = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaStreamWaitEvent|cudaMemcpy(_v\d+)?$)")
@@ -112,7 +112,7 @@ def phase_ranges_ns(nvtx: pd.DataFrame, steps_table: pd.DataFrame, measured_ids:
     backward() call, optimizer.step()), ns: per step the sum of its ranges' durations, then the
     median over the steps that have one. {} without such ranges (exports made without gpudiag)."""
     from gpudiag import nvtx_names
-    from gpudiag.analysis.launches import in_measured_steps
+    from gpudiag.analysis.steps.launches import in_measured_steps
 
     if nvtx.empty or "text" not in nvtx or steps_table.empty:
         return {}

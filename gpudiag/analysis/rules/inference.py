@@ -19,27 +19,18 @@ pick and the report can compare them.
   measured on three generate() loops, docs/inference.md). The trials measure both (``static-cache``, ``static-cache-compile``): compile on top
   may not help.
 
-``recommend`` imports this module; it imports ``recommend`` at call time.
+The registry imports this module; this one imports ``base``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES
+from gpudiag.analysis.rules.base import Recommendation, RuleContext
+from gpudiag.analysis.rules.host_floor import graph_floor_ns, loop_floor, untraced_factor
+from gpudiag.analysis.roofline.kernel_precision import math_paths_from_names
 
-from gpudiag.analysis.families import CONTRACTION_FAMILIES
-from gpudiag.analysis.host_floor import graph_floor_ns, loop_floor, untraced_factor
-from gpudiag.analysis.kernel_precision import math_paths_from_names
-
-if TYPE_CHECKING:
-    from gpudiag.analysis.recommend import Recommendation, RuleContext
 
 MIN_SHARE = 0.05  # under 5 % of the step a precision change is not worth advising (GD-FP32-MATMUL's bar)
-
-
-def _recommendation(*args, **kwargs) -> "Recommendation":
-    from gpudiag.analysis.recommend import Recommendation
-
-    return Recommendation(*args, **kwargs)
 
 
 def _fp32_contractions(ctx: "RuleContext"):
@@ -82,7 +73,7 @@ def half_weights(ctx: "RuleContext") -> "Recommendation | None":
     params = info.get("root_parameters") or {}
     weights = (f"{params['bytes'] / 2**20:.0f} MiB of fp32 weights in {params['tensors']} tensors"
                if params.get("bytes") else "fp32 weights")
-    rec = _recommendation(
+    rec = Recommendation(
         "GD-HALF-WEIGHTS", "Inference runs in fp32: weights in bf16 would use tensor cores and halve the bytes",
         estimates["half-weights"],
         "compute-bound fp32 contractions x (1 - fp32 peak / bf16 peak) + memory-bound contractions and other "
@@ -117,7 +108,7 @@ def static_kv_cache(ctx: "RuleContext") -> "Recommendation | None":
     graphs_ns = max(bare_step_ns - (kernel_ns if floor is None else graph_floor_ns(floor, factor)), 0.0)
     if max(cat_ns, graphs_ns) < MIN_SHARE * bare_step_ns:
         return None
-    rec = _recommendation(
+    rec = Recommendation(
         "GD-STATIC-KV-CACHE", "generate() grows its KV cache every token: a static cache lets it compile the decoding step",
         max(cat_ns, graphs_ns),
         f"static cache alone: the cache's growth copies (cat kernels, {cat_ns / 1e6:.2f} ms/step); with generate()'s "

@@ -1,33 +1,17 @@
 """Rules from Nsight Compute's per-kernel metrics (``gpudiag profile --ncu``): local-memory
 traffic, uncoalesced global loads and resource-capped occupancy. Each takes the
-:class:`~gpudiag.analysis.recommend.RuleContext` (its ``ncu`` frame: one row per profiled kernel
-instance) and returns at most one recommendation; :data:`NCU_RULES` sits in ``recommend.RULES`` at
-the place these rules always had. ``recommend`` imports this module, so this one imports
-``recommend`` at call time.
+:class:`~gpudiag.analysis.rules.base.RuleContext` (its ``ncu`` frame: one row per profiled kernel
+instance) and returns at most one recommendation; :data:`NCU_RULES` sits in ``registry.RULES`` at
+the place these rules always had. The registry imports this module; this one imports ``base``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pandas as pd
 
-from gpudiag.analysis.families import CONTRACTION_FAMILIES, kernel_label
+from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES, kernel_label
+from gpudiag.analysis.rules.base import Recommendation, RuleContext, top_evidence
 
-if TYPE_CHECKING:
-    from gpudiag.analysis.recommend import Recommendation, RuleContext
-
-
-def _recommendation(*args, **kwargs) -> "Recommendation":
-    from gpudiag.analysis.recommend import Recommendation  # recommend imports this module
-
-    return Recommendation(*args, **kwargs)
-
-
-def _top(df: pd.DataFrame, n_steps: int, k: int = 3) -> list[str]:
-    from gpudiag.analysis.recommend import _top as top
-
-    return top(df, n_steps, k)
 
 
 def _ncu_kernels(ctx: "RuleContext", mask: pd.Series) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -46,11 +30,11 @@ def local_memory(ctx: "RuleContext") -> "Recommendation | None":
     if k.empty or k["duration_ns"].sum() / ctx.n_steps < 0.02 * ctx.step_ns:
         return None
     worst = rows.sort_values("local_memory_bytes", ascending=False).iloc[0]
-    return _recommendation(
+    return Recommendation(
         "GD-LOCAL-MEMORY", "Kernels spill registers to local memory (Nsight Compute)", 0.0, "not estimated",
         [f"{k['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step in kernels with local-memory traffic; "
          f"{kernel_label(worst['name'], None)}: {worst['local_memory_bytes'] / 1e6:.1f} MB of local loads+stores per launch, "
-         f"{worst['registers_per_thread']:.0f} registers/thread", *_top(k, ctx.n_steps)],
+         f"{worst['registers_per_thread']:.0f} registers/thread", *top_evidence(k, ctx.n_steps)],
         "Lower register pressure (smaller per-thread arrays, fewer live values, no dynamically indexed local arrays) "
         "or raise the register cap (`__launch_bounds__`, `--maxrregcount`); for library kernels try another algorithm.",
         saving_estimated=False)
@@ -69,11 +53,11 @@ def uncoalesced(ctx: "RuleContext") -> "Recommendation | None":
         return None
     spr = rows.groupby("name")["global_load_sectors_per_request"].median()
     saving = float((k["duration_ns"] * (1 - 16 / k["name"].map(spr))).sum()) / ctx.n_steps
-    return _recommendation(
+    return Recommendation(
         "GD-UNCOALESCED", "Global loads are uncoalesced (Nsight Compute)", saving,
         "their time x (1 - 16 / measured sectors per request)",
         [f"{k['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step in kernels loading "
-         f"{spr.max():.1f} sectors per request (coalesced: 4 for 4-byte, 16 for 16-byte loads)", *_top(k, ctx.n_steps)],
+         f"{spr.max():.1f} sectors per request (coalesced: 4 for 4-byte, 16 for 16-byte loads)", *top_evidence(k, ctx.n_steps)],
         "Make neighbouring threads read neighbouring addresses (transpose through shared memory, change the "
         "data layout, or make the tensor contiguous before the kernel).")
 
@@ -91,12 +75,12 @@ def low_occupancy(ctx: "RuleContext") -> "Recommendation | None":
     if k.empty or k["duration_ns"].sum() / ctx.n_steps < 0.05 * ctx.step_ns:
         return None
     worst = rows[rows["name"].isin(set(k["name"]))].sort_values("achieved_occupancy_percent").iloc[0]
-    return _recommendation(
+    return Recommendation(
         "GD-LOW-OCCUPANCY", "Kernels run at low occupancy, capped by their resources (Nsight Compute)", 0.0,
         "not estimated",
         [f"{k['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step; {kernel_label(worst['name'], None)}: achieved "
          f"{worst['achieved_occupancy_percent']:.0f} %, theoretical {worst['theoretical_occupancy_percent']:.0f} %",
-         *_top(k, ctx.n_steps)],
+         *top_evidence(k, ctx.n_steps)],
         "Use less shared memory or fewer registers per block, or larger blocks, so more warps fit on each SM "
         "(ncu's Occupancy section names the limiter).", saving_estimated=False)
 

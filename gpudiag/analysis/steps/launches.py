@@ -14,8 +14,11 @@ import re
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis.attribution import window_index
+from gpudiag.analysis.attribution.ranges import window_index
 
+# The calls that block the host until the GPU catches up: GD-HOST-SYNC counts them and the outlier
+# steps name them (both read this one list, here below both stages).
+SYNC_APIS = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy(_v\d+)?$|cudaMemcpy2D(_v\d+)?$)")
 # CUDA runtime/driver entry points (names as nsys records them, with or without a _v suffix).
 KERNEL_LAUNCH = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cudaLaunchCooperativeKernel|cuLaunchKernel|cuLaunchKernelEx|cuLaunchCooperativeKernel)(_v\d+)?$")
 GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)(_v\d+)?$")

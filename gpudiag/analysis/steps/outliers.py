@@ -28,9 +28,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis.families import kernel_label
-from gpudiag.analysis.launches import in_measured_steps
-from gpudiag.analysis.recommend import SYNC_APIS  # the host syncs GD-HOST-SYNC counts
+from gpudiag.analysis.attribution.families import kernel_label
+from gpudiag.analysis.steps.launches import SYNC_APIS, in_measured_steps  # SYNC_APIS: the host syncs GD-HOST-SYNC counts
 
 OUTLIER_FACTOR = 1.5  # issue 16: "steps far from the median (say > 1.5×)"
 STEADY_STATE_RULE = (f"steady state = measured steps (not warm-up, not the detail step) whose GPU window is at most "
@@ -41,7 +40,7 @@ TOP_KERNELS = 5  # extra kernel names named per outlier step
 
 
 def flag_outliers(st: pd.DataFrame, factor: float = OUTLIER_FACTOR) -> pd.DataFrame:
-    """``st`` (the step table of :func:`gpudiag.analysis.timeline.step_table`: step,
+    """``st`` (the step table of :func:`gpudiag.analysis.steps.timeline.step_table`: step,
     step_time_ns, measured, ...) with a bool ``outlier`` column; outliers get ``measured`` False,
     so the steady-state statistics leave them out. Rule and source: module docstring."""
     st = st.copy()
@@ -56,7 +55,7 @@ def flag_outliers(st: pd.DataFrame, factor: float = OUTLIER_FACTOR) -> pd.DataFr
 
 
 def idle_by_step(idle: pd.DataFrame, st: pd.DataFrame, activities: pd.DataFrame) -> pd.DataFrame:
-    """Whole-GPU idle intervals (:func:`gpudiag.analysis.timeline.idle_intervals`) summed per step
+    """Whole-GPU idle intervals (:func:`gpudiag.analysis.steps.timeline.idle_intervals`) summed per step
     window they lie in: step, input_idle_ns (host-bound idle before the step's first kernel: the
     GPU waited for the step to start, e.g. for input data), host_bound_idle_ns (the other
     host-bound idle), other_idle_ns (ns). ``activities``: GPU work with ``step`` and ``kind``."""

@@ -4,7 +4,7 @@ time to first token (TTFT), time per output token (TPOT) and tokens/s.
 A step of an inference script is one request or batch (``gpudiag.capture.call_steps``: one
 outermost forward or one ``generate()`` call; or the user's own step ranges). The numbers come from
 the run without the profiler when ``gpudiag profile`` made one (tracing inflates host time: see
-:mod:`gpudiag.analysis.representative`), else from the profiled run, and the report says which.
+:mod:`gpudiag.analysis.steps.representative`), else from the profiled run, and the report says which.
 
 Per-step times are CUDA-event times between the step boundaries where the run recorded them, else
 host wall-clock times (the same choice as the bare-run comparison). Percentiles are NumPy's linear
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpudiag.analysis.representative import _times  # the bare-run comparison's per-step reading
+from gpudiag.analysis.steps.representative import _times  # the bare-run comparison's per-step reading
 
 PERCENTILES = (50, 90, 99)
 

@@ -1,7 +1,7 @@
 """Per-step statistics of one run: the GPU-idle split per step, the per-step entries of report.json
 (time per kernel class, host-bound idle), the mean breakdown of a measured step and the per-step
 samples the CI gate tests. Times are ns throughout; "measured" steps are those the statistics
-cover (:mod:`gpudiag.analysis.run`).
+cover (:mod:`gpudiag.analysis.pipeline`).
 """
 
 from __future__ import annotations

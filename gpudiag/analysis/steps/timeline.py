@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis.attribution import launch_calls
+from gpudiag.analysis.attribution.ranges import launch_calls
 
 
 def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
