@@ -28,7 +28,8 @@ import sys
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from gpudiag import store  # noqa: E402
-from gpudiag.analysis.run import analyse, ingest  # noqa: E402
+from gpudiag.analysis.ingest import ingest  # noqa: E402
+from gpudiag.analysis.pipeline import analyse  # noqa: E402
 
 
 def classes(run_dir: Path, with_ncu: bool, tmp: Path) -> pd.DataFrame:

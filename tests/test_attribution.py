@@ -10,7 +10,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpudiag.analysis.attribution import find_steps, innermost_range, window_index
+from gpudiag.analysis.attribution.ranges import find_steps, innermost_range, window_index
 
 
 @st.composite

@@ -7,9 +7,9 @@ import json
 import pandas as pd
 import pytest
 
-from gpudiag.analysis.costmodel import op_cost
-from gpudiag.analysis.families import family_of, kernel_label
-from gpudiag.analysis.peaks import lookup
+from gpudiag.analysis.roofline.costmodel import op_cost
+from gpudiag.analysis.attribution.families import family_of, kernel_label
+from gpudiag.analysis.roofline.peaks import lookup
 
 
 def payload(op, ins, out):

@@ -11,7 +11,7 @@ import pytest
 import sqlite_utils
 
 from gpudiag import store
-from gpudiag.analysis.run import ingest
+from gpudiag.analysis.ingest import ingest
 from gpudiag.sources import columnar
 from gpudiag.sources.nsys_sqlite import read_export
 

@@ -14,10 +14,11 @@ import sqlite3
 import pytest
 from multi_gpu_exports import NCCL_NAME, step_launches, with_collectives
 
-from gpudiag.analysis.classify import classify
-from gpudiag.analysis.comm import bandwidths, collective_of
-from gpudiag.analysis.families import family_of
-from gpudiag.analysis.run import analyse, ingest
+from gpudiag.analysis.roofline.classify import classify
+from gpudiag.analysis.ranks.comm import bandwidths, collective_of
+from gpudiag.analysis.attribution.families import family_of
+from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.pipeline import analyse
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +134,7 @@ def test_classify_ignores_shapes_for_collectives(nccl_report):
     """classify() gives a collective no FLOPs even when an op with shapes launched it."""
     import pandas as pd
 
-    from gpudiag.analysis.peaks import lookup
+    from gpudiag.analysis.roofline.peaks import lookup
 
     kernels = pd.DataFrame({"kernel_id": [0], "name": [NCCL_NAME], "duration_ns": [50_000.0], "grid_x": [2], "grid_y": [1],
                             "grid_z": [1], "block_x": [640], "block_y": [1], "block_z": [1]})

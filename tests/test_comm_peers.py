@@ -1,4 +1,4 @@
-"""The transfer/wait split of collectives (gpudiag.analysis.comm.peer_transfer_ns) on the real
+"""The transfer/wait split of collectives (gpudiag.analysis.ranks.comm.peer_transfer_ns) on the real
 2-GPU NCCL captures (tests/fixtures/nccl, H100 x 2, 2026-11-25), kernel by kernel, without the rest
 of the analysis (fast enough for the mutation runs, scripts/mutation.sh). Oracle: the k-th kernel of
 each collective on each rank, paired by launch order in SQL (NCCL requires every rank to issue a
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpudiag.analysis.comm import collective_of, peer_transfer_ns
+from gpudiag.analysis.ranks.comm import collective_of, peer_transfer_ns
 
 NCCL = Path(__file__).parent / "fixtures" / "nccl"
 
@@ -107,7 +107,7 @@ def test_collective_names_of_the_captures(kernels):
                                                 ("SendRecv", 1.0)])
 def test_bus_bandwidth_factor_of_every_collective(collective, factor):
     """nccl-tests doc/PERFORMANCE.md, 4 ranks: algbw = S / t, busbw = algbw x factor."""
-    from gpudiag.analysis.comm import bandwidths
+    from gpudiag.analysis.ranks.comm import bandwidths
 
     algbw, busbw = bandwidths(collective, 8e9, 0.5, 4)
     assert algbw == pytest.approx(16e9) and busbw == pytest.approx(16e9 * factor)
@@ -116,7 +116,7 @@ def test_bus_bandwidth_factor_of_every_collective(collective, factor):
 @pytest.mark.parametrize("args", [("AllReduce", 0, 1.0, 2), ("AllReduce", 1e6, 0.0, 2), ("AllReduce", 1e6, -1.0, 2),
                                   ("AllReduce", 1e6, 1.0, 0), ("Barrier", 1e6, 1.0, 2)])
 def test_no_bandwidth_without_size_time_ranks_or_factor(args):
-    from gpudiag.analysis.comm import bandwidths
+    from gpudiag.analysis.ranks.comm import bandwidths
 
     assert bandwidths(*args) is None
 
@@ -143,7 +143,7 @@ def test_communication_of_one_rank_against_interval_arithmetic(kernels, name):
     kernel time, transfer, wait, exposed and exposed transfer per step, and per collective,
     against sums and brute-force interval arithmetic written here (compute = every other kernel of
     the rank, in either step)."""
-    from gpudiag.analysis.comm import communication
+    from gpudiag.analysis.ranks.comm import communication
 
     k = kernels(name)
     is_comm = k["name"].str.startswith("ncclDevKernel").to_numpy()
@@ -180,7 +180,7 @@ def test_communication_of_one_rank_against_interval_arithmetic(kernels, name):
 
 def test_communication_without_peers_has_no_split(kernels):
     """One rank alone: transfer, wait and exposed transfer are null; the exposed time is still there."""
-    from gpudiag.analysis.comm import communication
+    from gpudiag.analysis.ranks.comm import communication
 
     k = kernels("gpt_ddp_shm")
     rank = k[k["global_pid"] == k["global_pid"].iloc[0]]
@@ -196,7 +196,7 @@ def test_communication_without_peers_has_no_split(kernels):
 
 def test_bandwidth_of_a_single_rank():
     """n = 1 is a valid communicator: an all-reduce moves nothing over the bus (factor 0)."""
-    from gpudiag.analysis.comm import bandwidths
+    from gpudiag.analysis.ranks.comm import bandwidths
 
     assert bandwidths("AllReduce", 1e6, 1.0, 1) == (1e6, 0.0)
     assert bandwidths("Broadcast", 1e6, 1.0, 1) == (1e6, 1e6)
@@ -240,7 +240,7 @@ def test_back_to_back_kernels_are_one_group():
 def test_exposure_sums_over_the_ranks_gpus_and_counts_a_lone_kernel():
     """A process with collectives on two GPUs: compute hides them only on its own GPU, and the
     per-GPU exposed times add up; a single collective kernel is counted (interval arithmetic here)."""
-    from gpudiag.analysis.comm import communication, exposed_ns
+    from gpudiag.analysis.ranks.comm import communication, exposed_ns
 
     assert exposed_ns(np.array([0]), np.array([100]), np.array([50]), np.array([70])) == 80
     k = pd.DataFrame({"start_ns": [0, 0, 0, 0], "end_ns": [100, 60, 100, 30], "device_id": [0, 0, 1, 1],
@@ -273,7 +273,7 @@ def test_pairing_boundaries():
 
 
 def test_no_collective_interval_exposes_nothing():
-    from gpudiag.analysis.comm import exposed_ns
+    from gpudiag.analysis.ranks.comm import exposed_ns
 
     empty = np.array([], np.int64)
     assert exposed_ns(empty, empty, np.array([0]), np.array([10])) == 0
@@ -282,7 +282,7 @@ def test_no_collective_interval_exposes_nothing():
 def test_communication_fields_and_types():
     """The JSON report's fields: step numbers stay integers, times are floats, every collective
     lists at most five kernel names; a zero-length step gives no share."""
-    from gpudiag.analysis.comm import communication
+    from gpudiag.analysis.ranks.comm import communication
 
     names = [f"ncclDevKernel_AllReduce_Sum_f32_RING_LL_{i}" for i in range(7)]
     k = pd.DataFrame({"start_ns": range(0, 700, 100), "end_ns": range(50, 750, 100), "device_id": 0,

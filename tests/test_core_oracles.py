@@ -12,8 +12,8 @@ import statistics
 import pandas as pd
 import pytest
 
-from gpudiag.analysis.costmodel import CONTRACTION_OPS, op_cost
-from gpudiag.analysis.families import CONTRACTION_FAMILIES
+from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, op_cost
+from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES
 
 # small real captures (H200 and H100): shapes, ncu, no shapes, data flow, an input stall, inference
 CLASSIFIED = ["rmsnorm_train", "tiny_gemm_gelu", "zoo_vit", "towers_inference", "input_pipeline_bad"]

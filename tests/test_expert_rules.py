@@ -1,4 +1,4 @@
-"""The rules an expert applies first (gpudiag/analysis/expert_rules.py), each on a real committed
+"""The rules an expert applies first (gpudiag/analysis/rules/expert.py), each on a real committed
 capture that shows it and one that does not, and the 0.5 % silence rule.
 
 Captures: the workload zoo (tests/fixtures/zoo, H100, benchmarks/zoo): ResNet-50 bf16 training
@@ -22,8 +22,9 @@ import pytest
 from rich.console import Console
 
 from gpudiag import nvtx_names
-from gpudiag.analysis import expert_rules
-from gpudiag.analysis.run import analyse, ingest
+from gpudiag.analysis.rules import expert as expert_rules
+from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.pipeline import analyse
 from gpudiag.reports import html, terminal
 
 from conftest import EXPORTS, FIXTURES, ROOT, status_of

@@ -1,4 +1,4 @@
-"""The host's floor under the step (gpudiag.analysis.host_floor) on real H100 captures, against the
+"""The host's floor under the step (gpudiag.analysis.rules.host_floor) on real H100 captures, against the
 raw export (SQL) and against the before/after measurement it exists for."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sqlite3
 import numpy as np
 import pandas as pd
 
-from gpudiag.analysis import host_floor
+from gpudiag.analysis.rules import host_floor
 
 LAUNCH = "(s.value LIKE 'cudaLaunchKernel%' OR s.value LIKE 'cuLaunchKernel%' OR s.value LIKE 'cudaGraphLaunch%')"
 

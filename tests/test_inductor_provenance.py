@@ -23,8 +23,8 @@ import pandas as pd
 import pytest
 
 from gpudiag import nvtx_names
-from gpudiag.analysis.attribution import Steps, attribute
-from gpudiag.analysis.compiled import Prefix, align_call, attribute_compiled, resolve
+from gpudiag.analysis.attribution.ranges import Steps, attribute
+from gpudiag.analysis.attribution.compiled import Prefix, align_call, attribute_compiled, resolve
 from gpudiag.capture import inductor_provenance as ip
 
 pytest.importorskip("torch")  # the scripts these tests run (or import) use torch

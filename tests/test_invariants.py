@@ -1,4 +1,4 @@
-"""The report invariants (gpudiag/analysis/invariants.py): they hold on every committed real
+"""The report invariants (gpudiag/analysis/report/invariants.py): they hold on every committed real
 capture, and each one fires on a report that breaks it."""
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from gpudiag.analysis import invariants, overlaps
-from gpudiag.analysis.peaks import lookup
-from gpudiag.analysis.recommend import RuleContext, multi_stream
+from gpudiag.analysis.report import invariants
+from gpudiag.analysis.rules import overlaps
+from gpudiag.analysis.roofline.peaks import lookup
+from gpudiag.analysis.rules.base import RuleContext
+from gpudiag.analysis.rules.kernels import multi_stream
 from gpudiag.cli.main import cli
 
 from conftest import EXPORTS, ROOT
@@ -68,7 +70,7 @@ def test_an_additive_set_of_savings_past_the_step_breaks_the_invariant(gpt2):
 def test_every_rule_says_what_time_it_counts():
     """Every rule id in the rule modules is in the overlap table (a rule missing from it would be
     taken to overlap every other); kinds of time meet along their paths."""
-    source = "".join((ROOT / "gpudiag" / "analysis" / f).read_text() for f in ("recommend.py", "expert_rules.py"))
+    source = "".join((ROOT / "gpudiag" / "analysis" / "rules" / f).read_text() for f in ("kernels.py", "host.py", "expert.py"))
     ids = set(re.findall(r'"(GD-[A-Z0-9-]+)"', source))
     assert ids and ids <= set(overlaps.TIME_ACTED_ON), ids - set(overlaps.TIME_ACTED_ON)
     assert overlaps.overlap("GD-SMALL-GRID", "GD-FP32-MATMUL") and overlaps.overlap("GD-TORCH-COMPILE", "GD-UNFUSED-NORM")

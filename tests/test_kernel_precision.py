@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from gpudiag.analysis.kernel_precision import NAME_MATH_PATHS, math_path_from_name
+from gpudiag.analysis.roofline.kernel_precision import NAME_MATH_PATHS, math_path_from_name
 
 from conftest import FIXTURES
 
@@ -75,7 +75,8 @@ def test_fp32_matmul_fires_from_names_alone(tmp_path):
     convolutions are found by name and GD-FP32-MATMUL fires, with the same time as with shapes."""
     from test_kernel_sequence import strip_op_ranges
 
-    from gpudiag.analysis.run import analyse, ingest
+    from gpudiag.analysis.ingest import ingest
+    from gpudiag.analysis.pipeline import analyse
 
     full, stripped = tmp_path / "full.sqlite", tmp_path / "stripped.sqlite"
     assert strip_op_ranges(EXAMPLES / "swin_t_train_fp32.sqlite.xz", stripped) > 100

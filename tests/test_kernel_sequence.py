@@ -20,10 +20,11 @@ import pytest
 from rich.console import Console
 
 from gpudiag import nvtx_names
-from gpudiag.analysis import peaks as peaks_mod
-from gpudiag.analysis.kernel_sequence import (KERNEL_PATTERNS, kernel_runs, kernel_sequence_candidates, launch_config_bytes,
+from gpudiag.analysis.roofline import peaks as peaks_mod
+from gpudiag.analysis.fusion.kernel_sequence import (KERNEL_PATTERNS, kernel_runs, kernel_sequence_candidates, launch_config_bytes,
                                               step_label)
-from gpudiag.analysis.run import analyse, ingest
+from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.pipeline import analyse
 from gpudiag.reports import html, terminal
 
 from conftest import FIXTURES

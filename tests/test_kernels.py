@@ -80,7 +80,7 @@ def test_leading_dimensions_and_errors():
 
 
 def test_every_reference_pattern_has_a_kernel():
-    from gpudiag.analysis.fusion import REFERENCE_PATTERNS
+    from gpudiag.analysis.fusion.dataflow import REFERENCE_PATTERNS
 
     assert {name for name, _ in REFERENCE_PATTERNS} == set(kernels())
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudiag import nvtx_names
-from gpudiag.analysis.host_floor import outside_modules
+from gpudiag.analysis.rules.host_floor import outside_modules
 
 ranges = st.lists(st.tuples(st.integers(0, 200), st.integers(1, 40)), min_size=1, max_size=30)
 

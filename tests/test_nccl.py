@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from gpudiag.analysis.recommend import SILENT_SHARE
-from gpudiag.analysis.run import analyse, ingest
+from gpudiag.analysis.rules.registry import SILENT_SHARE
+from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.pipeline import analyse
 
 NCCL = Path(__file__).parent / "fixtures" / "nccl"
 
@@ -156,7 +157,7 @@ def test_ranks_whose_collectives_barely_wait_are_balanced():
     """The waits path of the straggler table: ranks whose collectives wait for each other less
     than LOCKSTEP of the step are balanced (no straggler, no cause); more, and the rank that waits
     least is named."""
-    from gpudiag.analysis.ranks import LOCKSTEP, _slowest
+    from gpudiag.analysis.ranks.processes import LOCKSTEP, _slowest
 
     step = 30e6
     rows = [{"global_pid": p, "pid": p, "device_id": p, "rank": p, "step_time_ns_median": step,

@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from gpudiag import store
-from gpudiag.analysis.run import analyse, ingest
+from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.pipeline import analyse
 from gpudiag.capture import ncu as ncu_capture
 from gpudiag.cli.main import cli
 from gpudiag.sources.ncu import NcuError, read_ncu
@@ -38,7 +39,7 @@ def test_measured_tensor_flops_equal_two_mnk(ncu_path, export_path, tmp_path):
     gemm = measured[measured["name"].str.startswith("nvjet")].iloc[0]
     k = store.read_table(db, "kernels").merge(store.read_table(db, "kernel_attribution"), on="kernel_id")
     same = k[(k["name"] == gemm["name"]) & (k["grid_x"] == gemm["grid_x"]) & (k["grid_y"] == gemm["grid_y"]) & (k["op"] != "")]
-    from gpudiag.analysis.costmodel import op_cost
+    from gpudiag.analysis.roofline.costmodel import op_cost
 
     estimates = {op_cost(o, a).flop for o, a in zip(same["op"], same["op_args"])}
     assert any(abs(gemm["flop_tensor"] / e - 1) < 0.01 for e in estimates), (gemm["flop_tensor"], estimates)

@@ -9,7 +9,8 @@ import sqlite3
 import pandas as pd
 import pytest
 
-from gpudiag.analysis.run import analyse, ingest
+from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.pipeline import analyse
 from gpudiag.sources.nsys_sqlite import ExportError, kernel_summary, read_export
 
 from conftest import FIXTURES

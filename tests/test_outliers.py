@@ -1,4 +1,4 @@
-"""Steady state and outlier steps (gpudiag/analysis/outliers.py) on a long capture made from a real
+"""Steady state and outlier steps (gpudiag/analysis/steps/outliers.py) on a long capture made from a real
 one: the compiled-BERT zoo capture (H100) replicated in time as one run, so that its slow first
 steps (torch.compile, Inductor autotuning) and its detail step recur among the steady ones, the way
 evaluation or checkpoint steps recur in a real run (issue 16: averaged in, they made
@@ -23,8 +23,10 @@ import pytest
 from rich.console import Console
 
 from gpudiag import nvtx_names
-from gpudiag.analysis import invariants, outliers
-from gpudiag.analysis.run import analyse, ingest
+from gpudiag.analysis.report import invariants
+from gpudiag.analysis.steps import outliers
+from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.pipeline import analyse
 from gpudiag.reports import html, terminal
 from gpudiag.sources.replicate import replicate_export
 

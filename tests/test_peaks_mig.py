@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from gpudiag.analysis.peaks import lookup
+from gpudiag.analysis.roofline.peaks import lookup
 
 from conftest import FIXTURES
 
@@ -34,7 +34,8 @@ def test_a_whole_gpu_is_not_scaled():
 
 
 def test_the_report_says_it_ran_on_a_slice(tmp_path):
-    from gpudiag.analysis.run import analyse, ingest
+    from gpudiag.analysis.ingest import ingest
+    from gpudiag.analysis.pipeline import analyse
 
     export = tmp_path / "mig.sqlite"
     db = sqlite3.connect(export)

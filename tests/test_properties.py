@@ -1,6 +1,6 @@
 """Property-based tests (hypothesis) over a real committed export (issue 16 part 5): the export
 replicated a random number of times in time, then maybe damaged by one of the fuzz mutators.
-Every report either satisfies every invariant (gpudiag/analysis/invariants.py) or carries the
+Every report either satisfies every invariant (gpudiag/analysis/report/invariants.py) or carries the
 warning that explains why; an undamaged replication keeps the original's median step time."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpudiag.analysis import invariants
+from gpudiag.analysis.report import invariants
 from gpudiag.cli.main import cli
 
 from conftest import ROOT

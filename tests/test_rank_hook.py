@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpudiag.analysis.ranks import bare_by_rank, merged_view, status_of_process
+from gpudiag.analysis.ranks.processes import bare_by_rank, merged_view, status_of_process
 from gpudiag.capture.instrument import CaptureConfig
 
 pytest.importorskip("torch")
@@ -196,8 +196,8 @@ def test_accelerate_launch_of_one_process_instruments_its_child(tmp_path):
 def test_gloo_collectives_are_said_to_be_host_time(analysed):
     """A rank of a gloo job (its own status: world_size 2) on a real capture with no NCCL kernel:
     the report says its collectives are host time. The same capture as a single process: nothing."""
-    from gpudiag.analysis.ranks import host_collectives_warning
-    from gpudiag.analysis.run import analyse
+    from gpudiag.analysis.ranks.processes import host_collectives_warning
+    from gpudiag.analysis.pipeline import analyse
 
     db, single = analysed("input_pipeline_good")
     assert single["communication"] is None
@@ -233,7 +233,8 @@ def test_ddp_gradient_accumulation_without_no_sync_is_advised(tmp_path, analysed
     no_sync() it does not fire."""
     from multi_gpu_exports import with_collectives
 
-    from gpudiag.analysis.run import analyse, ingest
+    from gpudiag.analysis.ingest import ingest
+    from gpudiag.analysis.pipeline import analyse
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

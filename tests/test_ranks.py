@@ -14,8 +14,9 @@ from multi_gpu_exports import PID_DELTA, two_ranks
 from test_replicated_export import oracle
 
 from gpudiag.analysis.errors import AnalysisError
-from gpudiag.analysis.ranks import analyse_process, database_file, os_pid
-from gpudiag.analysis.run import analyse, ingest
+from gpudiag.analysis.ranks.processes import analyse_process, database_file, os_pid
+from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.pipeline import analyse
 
 STRETCH = 1.25  # the straggler's timestamps are stretched by this factor
 
@@ -58,17 +59,17 @@ def test_per_process_analysis_is_a_plain_function(straggler):
     db, report = straggler
     path = database_file(db)
     row = report["ranks"]["ranks"][1]
-    alone = analyse_process(path, row["global_pid"], {"warmup_steps": 2})
+    alone = analyse_process(path, row["global_pid"], {"warmup_steps": 2}, analyse)
     assert alone["steps"]["step_time_ns"]["median"] == row["step_time_ns_median"]
     assert not any("processes launched kernels" in w for w in alone["warnings"]) and "ranks" not in alone
     with pytest.raises(AnalysisError, match="launched no kernel"):
-        analyse_process(path, 12345 << 24, {})
+        analyse_process(path, 12345 << 24, {}, analyse)
     assert os_pid(row["global_pid"]) == row["pid"]
 
 
 def test_rank_ids_from_the_status(straggler):
     """RANK/LOCAL_RANK recorded by the launcher name the ranks and order them."""
-    from gpudiag.analysis.ranks import merged_view, processes
+    from gpudiag.analysis.ranks.processes import merged_view, processes
     from gpudiag.store import read_table
 
     db, report = straggler
@@ -108,7 +109,7 @@ def test_the_straggler_is_named_with_its_cause(analysed):
     (GD-INPUT-STALL) and the other's does not have."""
     import pandas as pd
 
-    from gpudiag.analysis.ranks import merged_view, straggler_cause
+    from gpudiag.analysis.ranks.processes import merged_view, straggler_cause
 
     _, slow = analysed("input_pipeline_bad")
     _, fast = analysed("input_pipeline_good")

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gpudiag.analysis.ranks import LOCKSTEP, _slowest
-from gpudiag.analysis.run import analyse, ingest
+from gpudiag.analysis.ranks.processes import LOCKSTEP, _slowest
+from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.pipeline import analyse
 
 RANKS = Path(__file__).parent / "fixtures" / "ranks"
 SLEEP_NS = 20e6  # ddp_train.py --straggle-rank 1 --straggle-ms 20
@@ -91,11 +92,11 @@ def test_ranks_with_as_much_work_each_are_balanced(straggler):
 
 
 def analyse_one(straggler, global_pid: int) -> dict:
-    from gpudiag.analysis.ranks import analyse_process
+    from gpudiag.analysis.ranks.processes import analyse_process
 
     export, _ = straggler
     run = export.parent / "run.sqlite"
-    return analyse_process(str(run), global_pid, {"status": _status("straggler")})
+    return analyse_process(str(run), global_pid, {"status": _status("straggler")}, analyse)
 
 
 @pytest.mark.parametrize("run", ["ddp_a", "fsdp_a", "straggler"])

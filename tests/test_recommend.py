@@ -136,14 +136,14 @@ def test_overhead_bound_stays_silent_on_an_input_stall(analysed):
 def test_a_rule_that_fails_does_not_lose_the_report(analysed, monkeypatch):
     """One rule raising on an odd export: the report is still made, the rule is listed in
     ``suppressed`` with its error, and the other rules still fire."""
-    from gpudiag.analysis import recommend
+    from gpudiag.analysis.rules import registry
 
     def broken(ctx):
         raise KeyError("phase")
 
-    monkeypatch.setattr(recommend, "RULES", (broken, *recommend.RULES))
+    monkeypatch.setattr(registry, "RULES", (broken, *registry.RULES))
     db, report = analysed("input_pipeline_good")
-    from gpudiag.analysis.run import analyse
+    from gpudiag.analysis.pipeline import analyse
 
     again = analyse(db)
     failed = [r for r in again["suppressed"] if r["rule"] == "broken"]

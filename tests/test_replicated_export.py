@@ -13,8 +13,9 @@ import statistics
 import pandas as pd
 import pytest
 
-from gpudiag.analysis.attribution import gpudiag_steps, run_flags
-from gpudiag.analysis.run import analyse, ingest
+from gpudiag.analysis.attribution.ranges import gpudiag_steps, run_flags
+from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.pipeline import analyse
 from gpudiag.sources.replicate import replicate_export, timed_tables
 
 COPIES = 3

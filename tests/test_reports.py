@@ -14,7 +14,7 @@ import markupsafe
 import pytest
 from rich.console import Console
 
-from gpudiag.analysis.fusion import HOST_BOUND_ADVICE
+from gpudiag.analysis.fusion.dataflow import HOST_BOUND_ADVICE
 from gpudiag.reports import html, json_report, labels, terminal
 from gpudiag.reports.units import fmt_ns, fmt_pct
 

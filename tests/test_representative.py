@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpudiag.analysis.gate import metrics_from_report
-from gpudiag.analysis.representative import OVERHEAD_BOUND_SHARE, apply_bare_run
+from gpudiag.analysis.report.bare_run import OVERHEAD_BOUND_SHARE, apply_bare_run
 
 
 @pytest.fixture

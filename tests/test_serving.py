@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpudiag.analysis import gate
-from gpudiag.analysis.serving import decode_floor, is_inference, request_metrics
+from gpudiag.analysis.steps.serving import decode_floor, is_inference, request_metrics
 from gpudiag.capture.instrument import CaptureConfig
 
 pytest.importorskip("torch")

@@ -36,7 +36,7 @@ def test_layout_is_the_top_advice_for_nchw_resnet(reports):
 def test_near_equal_savings_rank_by_rule_order():
     """Savings within RANK_RESOLUTION of each other keep RULES order, so a few % of capture-to-
     capture noise cannot swap two recommendations; a clearly larger saving still ranks first."""
-    from gpudiag.analysis.recommend import rank
+    from gpudiag.analysis.rules.registry import rank
 
     order = {"small_grids": 0, "batch_headroom": 1}
     a = {"rule": "small_grids", "rule_id": "GD-SMALL-GRID", "saving_ns_per_step": 3.00e6}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from gpudiag import nvtx_names
-from gpudiag.analysis.attribution import find_steps, gpudiag_steps, window_index
+from gpudiag.analysis.attribution.ranges import find_steps, gpudiag_steps, window_index
 
 
 def _nvtx(rows: list[tuple[str, int, int]]) -> pd.DataFrame:

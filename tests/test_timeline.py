@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpudiag.analysis.timeline import covered_ns, merge_intervals
+from gpudiag.analysis.steps.timeline import covered_ns, merge_intervals
 
 intervals = st.lists(st.tuples(st.integers(0, 200), st.integers(1, 30)), max_size=40)
 
@@ -91,7 +91,8 @@ def test_two_processes_report_the_busier_one(export_path, tmp_path):
     import shutil
     import sqlite3
 
-    from gpudiag.analysis.run import analyse, ingest
+    from gpudiag.analysis.ingest import ingest
+    from gpudiag.analysis.pipeline import analyse
 
     copy = tmp_path / "two.sqlite"
     shutil.copy(export_path("tiny_gemm_gelu"), copy)
@@ -117,7 +118,8 @@ def test_idle_ended_by_a_copy_is_named_as_such(tmp_path):
     import shutil
 
     from conftest import FIXTURES
-    from gpudiag.analysis.run import analyse, ingest
+    from gpudiag.analysis.ingest import ingest
+    from gpudiag.analysis.pipeline import analyse
 
     src = FIXTURES / "trials" / "encoder_h100"
     with lzma.open(src / "profile.sqlite.xz") as a, open(tmp_path / "p.sqlite", "wb") as b:

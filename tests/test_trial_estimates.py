@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpudiag.analysis.fusion import INDUCTOR_FUSABLE
+from gpudiag.analysis.fusion.dataflow import INDUCTOR_FUSABLE
 from gpudiag.reports import html, terminal
 from gpudiag.trials import results
 
@@ -153,7 +153,8 @@ def test_long_kernel_sequence_chains_are_summarised(tmp_path):
     sequence; a long one is one line in the terminal and the HTML, the full list in report.json."""
     from test_kernel_sequence import strip_op_ranges
 
-    from gpudiag.analysis.run import analyse, ingest
+    from gpudiag.analysis.ingest import ingest
+    from gpudiag.analysis.pipeline import analyse
 
     export = tmp_path / "generate_no_ops.sqlite"
     assert strip_op_ranges(TRIALS / "generate_h100" / "profile.sqlite.xz", export) > 100

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from gpudiag import nvtx_names
-from gpudiag.analysis.run import analyse, ingest
+from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.pipeline import analyse
 
 from conftest import EXPORTS, FIXTURES, status_of
 

@@ -144,7 +144,7 @@ def metrics_from_report(report: dict) -> dict[str, Metric]:
 
 
 def inference_metrics(inference: dict | None) -> dict[str, Metric]:
-    """An inference run's gated metrics (gpudiag.analysis.serving): ``latency_p90`` (the 90th
+    """An inference run's gated metrics (gpudiag.analysis.steps.serving): ``latency_p90`` (the 90th
     percentile of the per-request latencies, ns; the tail a service level is written against) and,
     for generate(), ``tokens_per_s`` (per step, higher is better). Empty for a training run."""
     if not inference:

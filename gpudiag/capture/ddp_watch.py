@@ -2,7 +2,7 @@
 ``DistributedDataParallel`` its bucket size, whether ``no_sync()`` is used, and how many
 ``backward()`` calls each step makes (gradient accumulation); for FSDP2's ``fully_shard`` (and
 FSDP1's ``FullyShardedDataParallel``) the units it shards, ``reshard_after_forward`` and the
-offload policy. Read by :mod:`gpudiag.analysis.distributed_rules`.
+offload policy. Read by :mod:`gpudiag.analysis.rules.distributed`.
 
 Installed by the launcher in every process; it wraps ``DistributedDataParallel.__init__`` and
 ``no_sync``, ``torch.distributed.fsdp.fully_shard`` and ``FullyShardedDataParallel.__init__``

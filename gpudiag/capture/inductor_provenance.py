@@ -4,7 +4,7 @@ Inside ``torch.compile``d code gpudiag's module hooks are traced away (no graph 
 GPU kernels of a compiled graph only see the module range around the compiled call. This module
 records, while Inductor generates code, what PyTorch itself knows about every generated kernel, and
 marks every run of a compiled graph with an NVTX range, so the analysis
-(:mod:`gpudiag.analysis.compiled`) can put each kernel back under the module it came from.
+(:mod:`gpudiag.analysis.attribution.compiled`) can put each kernel back under the module it came from.
 
 How (the same in torch 2.11 and 2.13):
 

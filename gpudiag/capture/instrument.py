@@ -38,7 +38,7 @@ from gpudiag.capture.user_ranges import wrap_user_nvtx
 from gpudiag.capture.window import Window
 
 # In auto mode, the user's ranges that are steps: text starting with step/iteration/iter ("step 3",
-# "iteration_3"), stricter than the analysis's default (gpudiag.analysis.attribution), which also
+# "iteration_3"), stricter than the analysis's default (gpudiag.analysis.attribution.ranges), which also
 # takes "train_step": at run time a nested "optimizer_step" must not become the step.
 AUTO_USER_STEP_REGEX = r"(?i)^\s*(?:step|iteration|iter)(?:[^a-z]|$)"
 

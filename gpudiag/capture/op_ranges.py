@@ -1,7 +1,7 @@
 """The texts and backends of the NVTX ranges :mod:`gpudiag.capture.instrument` emits: the NVTX
 backend (``torch.cuda.nvtx``, or nothing on a CPU-only torch) and the per-aten-op ranges of the
 detail step, whose texts describe every tensor by dtype, shape and storage address (which op wrote
-what another reads: the data flow :mod:`gpudiag.analysis.fusion` builds)."""
+what another reads: the data flow :mod:`gpudiag.analysis.fusion.dataflow` builds)."""
 
 from __future__ import annotations
 

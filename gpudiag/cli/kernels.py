@@ -22,7 +22,7 @@ def list_kernels() -> None:
     Example:
         gpudiag kernels list
     """
-    from gpudiag.analysis.fusion import REFERENCE_PATTERNS
+    from gpudiag.analysis.fusion.dataflow import REFERENCE_PATTERNS
 
     try:
         from gpudiag.kernels.registry import kernels as registry

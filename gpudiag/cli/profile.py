@@ -78,7 +78,7 @@ def verify_candidates(report: dict, top: int = 3, echo=print) -> int:
             continue
         cand["advice"] = advice(cand["verified"].get("forward_backward") or cand["verified"]["forward"])
         if cand.get("host_bound"):
-            from gpudiag.analysis.fusion import HOST_BOUND_ADVICE
+            from gpudiag.analysis.fusion.dataflow import HOST_BOUND_ADVICE
 
             cand["advice"] += f"; but {HOST_BOUND_ADVICE}"
         ran += 1
@@ -115,7 +115,7 @@ def _verify(run_dir: Path, echo) -> None:
         echo("--verify: no fusion candidate with a reference kernel in this run")
 
 
-# What the analysis reads of the bare run: step times, and for inference (gpudiag.analysis.serving)
+# What the analysis reads of the bare run: step times, and for inference (gpudiag.analysis.steps.serving)
 # its start-up, warm-up, batch, generate() forwards and the stepping module's weights; for a
 # multi-process job, each rank's own status (gpudiag.capture.rank_hook).
 BARE_KEYS = ("exit_code", "exception", "steps_completed", "step_wall_ns", "step_gpu_ns", "step_mode",

@@ -157,7 +157,8 @@ def ingest_and_analyse(export: Path, db_path: Path, options: AnalysisOptions, st
     The one analysis path of ``gpudiag report``, ``gpudiag profile`` and :func:`gpudiag.load`.
     Raises UserError naming the user's files: exit 2 for a file that is not an export or ncu report,
     3 for a capture that cannot be analysed (no kernels) or an internal error (said in one line)."""
-    from gpudiag.analysis.run import analyse, ingest
+    from gpudiag.analysis.ingest import ingest
+    from gpudiag.analysis.pipeline import analyse
     from gpudiag.sources.ncu import NcuError
     from gpudiag.sources.nsys_sqlite import ExportError
 

@@ -1,5 +1,5 @@
 """Reference kernels by the pattern name the fusion-candidate matcher uses
-(:data:`gpudiag.analysis.fusion.REFERENCE_PATTERNS`).
+(:data:`gpudiag.analysis.fusion.dataflow.REFERENCE_PATTERNS`).
 
 Each module in ``gpudiag/kernels/ops`` declares ``KERNELS``, a list of :class:`ReferenceKernel`:
 the fused function, the eager PyTorch chain it replaces, an input maker, and the shapes it is tested

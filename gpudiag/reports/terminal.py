@@ -98,7 +98,7 @@ def render_trials(result: dict, console: Console | None = None) -> None:
 
 def render_communication(result: dict, console: Console) -> None:
     """One line on collective communication (exposed vs hidden), then the per-rank table when the
-    export holds several processes (:mod:`gpudiag.analysis.ranks`)."""
+    export holds several processes (:mod:`gpudiag.analysis.ranks.processes`)."""
     comm = result.get("communication")
     if comm:
         console.print(Text(f"communication: {fmt_ns(comm['kernel_ns_per_step'])}/step in collectives, "
@@ -175,7 +175,7 @@ def render_bare(result: dict, console: Console) -> None:
 
 
 def request_lines(result: dict) -> list[str]:
-    """An inference run read per request (``result["inference"]``, gpudiag.analysis.serving):
+    """An inference run read per request (``result["inference"]``, gpudiag.analysis.steps.serving):
     latency percentiles and samples/s, start-up, and for generate() TTFT, TPOT and tokens/s."""
     inf = result.get("inference")
     if not inf:
@@ -243,7 +243,7 @@ def chain_text(candidate: dict) -> str:
 
 def saving_text(rec: dict) -> str:
     """A recommendation's GPU-time saving, and the step's bound when the host's launch time caps it
-    (gpudiag.analysis.host_floor): '11.4 ms (step ≤ 2.70 ms)'; a throughput gain as such:
+    (gpudiag.analysis.rules.host_floor): '11.4 ms (step ≤ 2.70 ms)'; a throughput gain as such:
     '2.0x samples/s at 2x batch'."""
     if rec.get("throughput_gain"):
         return ", ".join(f"{g:.1f}x samples/s at {k}x batch" for k, g in rec["throughput_gain"].items())

@@ -1,0 +1,170 @@
+"""The analysis of one run, stage by stage: open this module first.
+
+``analyse`` reads a run database (made by :func:`gpudiag.analysis.ingest.ingest` from an nsys
+export), writes the attribution and classification back to it, and returns a JSON-able dict
+(``report.json``'s content, documented in docs/architecture.md). Statistics are over *measured*
+steps: not warm-up, not the detail step (whose per-op ranges slow it down; its extra time is the
+instrumentation overhead the report shows).
+
+The stages, in the order ``analyse`` runs them; each is a subpackage of ``gpudiag.analysis`` and
+imports only the stages above it (tests/test_layout.py holds the order):
+
+1. ``ingest``: export -> run database -> the frames of one process;
+2. ``attribution``: steps, and every kernel to its step, phase, module and aten op;
+3. ``roofline``: device peaks, op costs, each kernel compute-, bandwidth- or overhead-bound;
+4. ``steps``: the step table, GPU idle, per-step statistics, outlier steps, the bare run;
+5. ``ranks``: collectives of this process, and every process of the export side by side;
+6. ``fusion``: groups of op calls one fused kernel could replace;
+7. ``rules``: the recommendations, one module per rule family, assembled by ``rules.registry``;
+8. ``report``: report.json's sections, the findings, the bare-run corrections, the invariants.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import sqlite_utils
+
+from gpudiag import store
+from gpudiag.analysis.attribution.compiled import attribute_compiled, measured_summary
+from gpudiag.analysis.attribution.families import COMMUNICATION, families
+from gpudiag.analysis.attribution.ranges import Steps, attribute, find_steps, op_call_payloads
+from gpudiag.analysis.ingest import Tables, read_tables
+from gpudiag.analysis.ranks import comm, processes
+from gpudiag.analysis.report import invariants, sections, tables
+from gpudiag.analysis.report.bare_run import apply_bare_run
+from gpudiag.analysis.report.findings import RuleInputs, findings
+from gpudiag.analysis.roofline import peaks
+from gpudiag.analysis.roofline.classify import classify
+from gpudiag.analysis.steps import frames, outliers, step_stats
+from gpudiag.analysis.steps.launches import launch_counts
+from gpudiag.analysis.steps.serving import apply_requests
+from gpudiag.analysis.steps.timeline import idle_intervals, launch_stats, stream_gaps
+
+
+def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | None = None,
+            status: dict | None = None, top: int = 20, calibration: dict | None = None,
+            process: int | None = None, rank_workers: int | None = None) -> dict:
+    """Analyse the run database ``db``; returns report.json's content (see module docstring).
+
+    Writes ``kernel_attribution``, ``kernel_class`` and ``steps`` tables back into ``db``.
+    Raises :class:`AnalysisError` when the export has no kernels or ``steps_from`` is an invalid
+    regular expression (or ``process``, a ``global_pid``, launched no kernel). ``process`` restricts
+    the analysis to that process. Without it, an export of several processes is reported for the
+    one with the most kernel time (with a warning), and report.json's ``ranks`` compares every
+    process, each analysed in a pool of ``rank_workers`` processes (:mod:`gpudiag.analysis.ranks.processes`). ``calibration`` (a ``gpudiag calibrate`` entry of the same GPU)
+    replaces datasheet peaks with measured ones."""
+    meta = store.read_meta(db)
+    warnings: list[str] = []
+    # 1. ingest: the run database's frames, of one process
+    t, procs = processes.one_process(_load(db, meta, warnings), process, warnings)
+    launcher_status, status = status, processes.status_of_process(status, t.kernels["global_pid"])
+    dev = peaks.main_device(t.kernels, t.devices, warnings)
+    # 2. attribution
+    steps: Steps = frames.named_source(find_steps(t.nvtx, t.kernels, steps_from, t.runtime_api), status)
+    if steps.kind == "whole":
+        warmup_steps = 0  # the ranks below are analysed with it too
+        warnings.append("no step ranges found: the whole capture is treated as one step")
+    payloads, attribution, compiled = _attribute(t, steps, status, warnings)
+    # 3. roofline
+    device_peaks = peaks.device_peaks(dev, calibration, warnings)
+    ncu = store.read_table(db, "ncu_kernels")
+    classes = classify(t.kernels, attribution, device_peaks, ncu if not ncu.empty else None)
+    # 4. steps
+    detail_step = frames.detail_step(status, attribution)
+    activities = frames.activities(t, steps)
+    st = frames.step_frame(steps, activities, warmup_steps, detail_step, warnings)
+    idle = idle_intervals(activities)
+    gaps = stream_gaps(t.kernels, attribution)
+    launches = launch_stats(t.kernels, attribution)
+    store.write_table(db, "kernel_attribution", attribution)
+    store.write_table(db, "kernel_class", classes)
+    store.write_table(db, "steps", st)
+
+    measured = st[st["measured"]]
+    n = len(measured)
+    measured_ids = set(measured["step"])
+    compiled = measured_summary(compiled, t.kernels, attribution, measured_ids, status)
+    k = frames.kernel_frame(t.kernels, attribution, classes, launches)
+    km = k[k["step"].isin(measured_ids)]
+    idle = step_stats.mark_step_start(step_stats.idle_steps(idle, measured), km)
+    idle_m = idle[idle["step"].isin(measured_ids)]
+    per_step = step_stats.per_step_entries(st, step_stats.class_ns_per_step(km, activities, measured_ids), idle_m)
+    step_ns = float(measured["step_time_ns"].mean()) if n else float("nan")
+    breakdown, breakdown_percent = step_stats.breakdown(per_step, step_ns)
+    top_kernels = tables.top_kernels(km, top, n)
+    api_m = frames.measured_api(t.runtime_api, steps, measured_ids)
+    # 5-7. ranks (this process's collectives), fusion and rules: the findings
+    found = findings(k, km, detail_step, idle, t, api_m, steps, measured, step_ns, device_peaks, ncu, payloads,
+                     RuleInputs(status, dev, compiled))
+    incl, modules = tables.modules(km, t.nvtx, n, step_ns)
+    stream_rows = tables.stream_rows(gaps, k, measured_ids, n)
+    top_waits = tables.top_waiting_kernels(idle_m, k, n)
+    phases = (km.groupby("phase")["duration_ns"].sum() / n).to_dict() if n else {}
+    instrumentation = tables.instrumentation(st, measured, t.nvtx, detail_step, n)
+    warnings.extend(sections.capture_warnings(meta, status))
+    warnings.extend(sections.few_steps(len(st)))
+
+    # 8. report
+    report = invariants.check(apply_requests(apply_bare_run({
+        **sections.header(meta, status, compiled, device_peaks),
+        "steps": sections.steps_section(steps, st, detail_step, measured, per_step),
+        # None when every measured window is empty (timestamps moved in a damaged export): no share of nothing
+        "gpu_busy_percent": (100.0 * float(measured["busy_ns"].sum()) / float(measured["step_time_ns"].sum())
+                             if n and measured["step_time_ns"].sum() > 0 else None),
+        "outlier_steps": outliers.outlier_report(st, activities, idle, t.runtime_api, steps.table, k),
+        "breakdown_ns_per_step": breakdown,
+        "breakdown_percent": breakdown_percent,
+        "classification": sections.classification(meta, ncu, km),
+        "phases_ns_per_step": {p: float(v) for p, v in phases.items()},
+        "top_kernels": top_kernels,
+        **found,
+        **sections.kernel_tables(km, n),
+        "modules": modules,
+        "per_step_metrics": step_stats.per_step_metrics(km, measured, per_step, incl, modules,
+                                                        (status or {}).get("peak_memory_bytes_per_step") or {}) if n else [],
+        "idle": sections.idle_section(idle_m, km, stream_rows, top_waits, n),
+        "instrumentation": instrumentation,
+        "launches_per_step": launch_counts(km, api_m, n),
+        "communication": comm.communication(k, measured_ids, n, step_ns) if n else None,
+        "warnings": warnings,
+    })))
+    collectives = processes.host_collectives_warning(status, report.get("communication"))
+    if collectives:
+        report["warnings"].append(collectives)
+    # 5. ranks: every process analysed on its own
+    if procs is not None:  # every process analysed on its own (the main one again: a plain function of the file)
+        options = {"warmup_steps": warmup_steps, "steps_from": steps_from, "status": launcher_status, "top": top,
+                   "calibration": calibration}
+        report["ranks"] = _ranks(db, procs, options, launcher_status, rank_workers)
+    return report
+
+
+def _load(db: sqlite_utils.Database, meta: dict, warnings: list[str]) -> Tables:
+    """The run database's frames (:func:`gpudiag.analysis.ingest.read_tables`), each collective
+    kernel with its transfer part (``transfer_ns``)."""
+    t = read_tables(db, meta, warnings)
+    # before one process is kept: a collective's transfer part needs every rank's kernels (comm module doc)
+    t.kernels["transfer_ns"] = comm.peer_transfer_ns(t.kernels, (families(t.kernels["name"]) == COMMUNICATION).to_numpy())
+    return t
+
+
+def _attribute(t: Tables, steps: Steps, status: dict | None, warnings: list[str]) -> tuple[pd.Series, pd.DataFrame, dict]:
+    """(op call payloads, attribution, compiled-graph summary): per kernel (rows of ``t.kernels``)
+    its step, phase, module, op and graph (:func:`attribute`), kernels of compiled graphs
+    attributed through the inductor provenance (:func:`attribute_compiled`)."""
+    payloads = op_call_payloads(t.nvtx)  # once: attribution and the fusion data flow both read them
+    attribution = attribute(t.kernels, t.runtime_api, t.nvtx, steps, payloads)
+    attribution, compiled = attribute_compiled(t.kernels, attribution, t.nvtx, (status or {}).get("inductor_provenance"))
+    warnings.extend(compiled["warnings"] if compiled["graphs"] else [])
+    return payloads, attribution, compiled
+
+
+def _ranks(db: sqlite_utils.Database, procs: pd.DataFrame, options: dict, status: dict | None,
+           rank_workers: int | None) -> dict:
+    """report.json's ``ranks``: every process of ``procs`` analysed on its own with ``options``."""
+    db.conn.commit()
+    path = processes.database_file(db)
+    # analyse is passed in: the ranks stage never imports the pipeline (no import cycle)
+    reports = (processes.analyse_processes(path, procs["global_pid"].tolist(), options, rank_workers, analyse)
+               if path else {})
+    return processes.merged_view(procs, reports, status)

@@ -1,0 +1,169 @@
+"""Per-kernel classification: compute-, bandwidth- or overhead-bound, with its evidence.
+
+This is the first cut, kept behind one function (:func:`classify`) so the roofline issue can
+replace it. Rules, in order:
+
+1. overhead-bound (design.md: "kernels too small for either roof to matter (duration near the
+   launch latency, grid under one wave)"): shorter than one eager op launch on the host
+   (``DevicePeaks.launch_overhead_ns``, measured, docs/notes/measurements.md) with fewer blocks
+   than SMs (under one wave at one block per SM, a lower bound that ignores occupancy), or shorter
+   than half a launch whatever its grid (our choice: then launching costs the host twice the
+   kernel's own time, so eager mode cannot keep the GPU busy).
+2. with Nsight Compute measurements of the same kernel name and launch configuration (evidence
+   ``ncu``): measured FLOPs (all precisions, tensor cores included) and DRAM bytes give the
+   arithmetic intensity, held against the ridge of the math path the kernel used.
+   With shapes (evidence ``shapes``): the FLOPs and bytes of the aten op that launched the kernel
+   on the detail step (:mod:`gpudiag.analysis.roofline.costmodel`), shared among that op call's kernels in
+   proportion to their durations, give the arithmetic intensity; at or above the ridge point of
+   the op's math path it is compute-bound, below it bandwidth-bound. Other instances of the same
+   kernel name and launch configuration inherit the detail step's numbers.
+3. otherwise (evidence ``heuristic``): GEMM, convolution and attention kernels are compute-bound,
+   everything else bandwidth-bound.
+
+Collective-library kernels (family ``communication``, :mod:`gpudiag.analysis.attribution.families`) are class
+``communication`` whatever their duration or shapes: they are outside the roofline (their time is
+set by the links and by waiting for the other ranks), so they get no FLOPs, bytes or efficiency.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, op_cost
+from gpudiag.analysis.attribution.families import COMMUNICATION, CONTRACTION_FAMILIES, families
+from gpudiag.analysis.roofline.peaks import DevicePeaks
+
+CONFIG_COLUMNS = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+
+
+def _config_key(kernels: pd.DataFrame) -> pd.Series:
+    """One integer per distinct kernel name and launch configuration."""
+    return kernels[CONFIG_COLUMNS].fillna(-1).groupby(CONFIG_COLUMNS, sort=False).ngroup()
+
+
+def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Series) -> pd.DataFrame:
+    """flop, bytes and math_path per kernel instance that an op call with recorded shapes launched.
+    An op call's bytes are shared among its kernels by duration; a contraction's FLOPs go to its
+    contraction-family kernels only (a split-K reduction or a cast launched by the same call does
+    not do the multiply-adds)."""
+    k = pd.DataFrame({"duration_ns": kernels["duration_ns"].to_numpy(), "op": attribution["op"].to_numpy(),
+                      "op_args": attribution["op_args"].to_numpy(), "op_call": attribution["op_call"].to_numpy(),
+                      "contraction": family.isin(CONTRACTION_FAMILIES).to_numpy()})
+    k = k[k["op_call"] >= 0]
+    if k.empty:
+        return pd.DataFrame(columns=["flop", "bytes", "math_path"])
+    calls = k.drop_duplicates("op_call")[["op_call", "op", "op_args"]]
+    texts = calls[["op", "op_args"]].drop_duplicates()
+    costs = [op_cost(o, a) for o, a in texts.itertuples(index=False)]  # once per distinct call text
+    texts = texts.assign(flop=[c.flop if c else np.nan for c in costs], bytes=[c.bytes if c else np.nan for c in costs],
+                         math_path=[c.math_path if c else None for c in costs])
+    per_call = calls.merge(texts, on=["op", "op_args"]).dropna(subset=["math_path"]).set_index("op_call")
+    share = k["duration_ns"] / k.groupby("op_call")["duration_ns"].transform("sum").replace(0, np.nan)
+    joined = per_call.reindex(k["op_call"].to_numpy())
+    joined.index = k.index
+    flop_weight = k["duration_ns"].where(k["contraction"], 0.0)
+    call_has_contraction = flop_weight.groupby(k["op_call"]).transform("sum") > 0
+    flop_share = (flop_weight / flop_weight.groupby(k["op_call"]).transform("sum").replace(0, np.nan)).where(
+        call_has_contraction & joined["op"].isin(CONTRACTION_OPS), share)
+    return pd.DataFrame({"flop": joined["flop"] * flop_share.fillna(0.0), "bytes": joined["bytes"] * share.fillna(1.0),
+                         "math_path": joined["math_path"]}).dropna(subset=["math_path"])
+
+
+def _instance_index(config_key: pd.Series, step: pd.Series) -> pd.MultiIndex:
+    """(config_key, ordinal) per kernel: the n-th launch of a configuration within its step. Steps of
+    an eager training loop launch the same sequence, so the n-th launch in any step does the same
+    work as the n-th launch in the detail step (a launch configuration alone does not pin down the
+    work: a GEMM's grid ignores K)."""
+    ordinal = config_key.groupby([step.to_numpy(), config_key.to_numpy()]).cumcount()
+    return pd.MultiIndex.from_arrays([config_key.to_numpy(), ordinal.to_numpy()])
+
+
+def _spread(values: pd.DataFrame, source_index: pd.MultiIndex, target_index: pd.MultiIndex,
+            config_key: pd.Series) -> pd.DataFrame:
+    """Give every kernel the values (flop, bytes, math_path) of the detail-step launch with the same
+    (config, ordinal); launches with no such partner get the configuration's median."""
+    by_instance = values.set_axis(source_index)
+    by_instance = by_instance[~by_instance.index.duplicated()]
+    exact = by_instance.reindex(target_index)
+    medians = values.assign(config_key=source_index.get_level_values(0)).groupby("config_key").agg(
+        flop=("flop", "median"), bytes=("bytes", "median"), math_path=("math_path", "first"))
+    fallback = medians.reindex(config_key.to_numpy())
+    exact.index = fallback.index = config_key.index
+    return exact.where(exact["math_path"].notna(), fallback)
+
+
+def _ncu_rows_by_instance(ncu: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """ncu measurements as (flop, bytes, math_path) with their config columns; rows without the
+    roofline counters (finite FLOPs and DRAM bytes) are dropped."""
+    from gpudiag.sources.ncu import math_path
+
+    measured = ncu[np.isfinite(ncu["flop"].astype(float)) & np.isfinite(ncu["dram_bytes"].astype(float))]
+    values = pd.DataFrame({"flop": measured["flop"].astype(float), "bytes": measured["dram_bytes"].astype(float),
+                           "math_path": measured.apply(math_path, axis=1) if not measured.empty else pd.Series(dtype=object)})
+    return measured, values
+
+
+def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeaks,
+             ncu: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per kernel (same order): kernel_id, family, config_key, kernel_class
+    (compute/bandwidth/overhead/communication), evidence (ncu/shapes/heuristic), flop, bytes, math_path,
+    intensity (FLOP/byte), ridge (FLOP/byte), achieved_flop_per_s, achieved_bytes_per_s,
+    efficiency (roofline floor / duration; NaN without shapes)."""
+    out = pd.DataFrame({"kernel_id": kernels["kernel_id"].to_numpy(), "family": families(kernels["name"]).to_numpy(),
+                        "config_key": _config_key(kernels).to_numpy()})
+    dur = kernels["duration_ns"].to_numpy(dtype=float)
+    config_key = out["config_key"]
+    instance = _instance_index(config_key, attribution["step"])
+    cost = _shape_costs(kernels, attribution, out["family"])
+    out["flop"], out["bytes"], out["math_path"] = np.nan, np.nan, None
+    if not cost.empty:
+        # Every instance takes the detail step's numbers of the same launch (config, ordinal).
+        spread = _spread(cost, instance[cost.index.to_numpy()], instance, config_key)
+        out[["flop", "bytes"]] = spread[["flop", "bytes"]].to_numpy()
+        out["math_path"] = spread["math_path"].to_numpy()
+
+    evidence = np.where(out["math_path"].notna(), "shapes", "heuristic").astype(object)
+    if ncu is not None and not ncu.empty:
+        # Measured FLOPs and DRAM bytes win over estimates. ncu replays the detail step's launches in
+        # order, so its n-th row of a configuration is the n-th launch of it in every step.
+        measured, values = _ncu_rows_by_instance(ncu)
+        if not measured.empty:
+            keys = kernels[CONFIG_COLUMNS].astype({c: float for c in CONFIG_COLUMNS[1:]}).fillna(-1)
+            ncu_keys = measured[CONFIG_COLUMNS].astype({c: float for c in CONFIG_COLUMNS[1:]}).fillna(-1)
+            known = keys.assign(config_key=config_key).drop_duplicates(CONFIG_COLUMNS)
+            ncu_config = ncu_keys.merge(known, on=CONFIG_COLUMNS, how="left")["config_key"]
+            matched = ncu_config.notna().to_numpy()
+            if matched.any():
+                cfg = pd.Series(ncu_config[matched].astype(int).to_numpy())
+                ncu_instance = pd.MultiIndex.from_arrays([cfg.to_numpy(), cfg.groupby(cfg).cumcount().to_numpy()])
+                spread = _spread(values[matched].reset_index(drop=True), ncu_instance, instance, config_key)
+                hit = spread["math_path"].notna().to_numpy()
+                out.loc[hit, ["flop", "bytes"]] = spread.loc[hit, ["flop", "bytes"]].to_numpy()
+                out.loc[hit, "math_path"] = spread.loc[hit, "math_path"].to_numpy()
+                evidence[hit] = "ncu"
+    has_shapes = out["math_path"].notna().to_numpy()
+    out["intensity"] = out["flop"] / out["bytes"].replace(0, np.nan)
+    ridges = {p: peaks.ridge(p) for p in out["math_path"].dropna().unique()}
+    out["ridge"] = out["math_path"].map(ridges).astype(float)
+    out["achieved_flop_per_s"] = out["flop"] / (dur * 1e-9)
+    out["achieved_bytes_per_s"] = out["bytes"] / (dur * 1e-9)
+    peak_flops = out["math_path"].map({p: peaks.flops.get(p, np.nan) for p in ridges}).astype(float)
+    floor_s = np.fmax(out["flop"] / peak_flops, out["bytes"] / (peaks.bandwidth or np.nan))
+    out["efficiency"] = floor_s / (dur * 1e-9)
+
+    blocks = (kernels[["grid_x", "grid_y", "grid_z"]].fillna(1).prod(axis=1)).to_numpy()
+    launch = peaks.launch_overhead_ns
+    overhead = ((dur < launch) & (blocks < max(peaks.sm_count, 1))) | (dur < launch / 2)
+    by_roofline = np.where(out["intensity"].to_numpy() >= out["ridge"].to_numpy(), "compute", "bandwidth")
+    by_family = np.where(out["family"].isin(CONTRACTION_FAMILIES), "compute", "bandwidth")
+    roofline_known = has_shapes & np.isfinite(out["ridge"].to_numpy()) & np.isfinite(out["intensity"].to_numpy())
+    out["kernel_class"] = np.where(overhead, "overhead", np.where(roofline_known, by_roofline, by_family))
+    out["evidence"] = np.where(roofline_known, evidence, "heuristic")
+    comm = (out["family"] == COMMUNICATION).to_numpy()
+    if comm.any():  # outside the roofline: no roofline numbers, whatever op launched them
+        out.loc[comm, "kernel_class"], out.loc[comm, "evidence"] = COMMUNICATION, "heuristic"
+        roof = ["flop", "bytes", "intensity", "ridge", "achieved_flop_per_s", "achieved_bytes_per_s", "efficiency"]
+        out.loc[comm, roof] = np.nan
+        out.loc[comm, "math_path"] = None
+    return out

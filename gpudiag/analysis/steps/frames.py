@@ -1,0 +1,85 @@
+"""The frames every later stage reads, per step: the step table with its warm-up, detail, measured
+and outlier flags, the GPU activities with their step, the kernel frame (attribution, class and
+launch statistics side by side) and the API calls of the measured steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from gpudiag.analysis.attribution.ranges import Steps, run_flags, window_index
+from gpudiag.analysis.ingest import Tables
+from gpudiag.analysis.steps import outliers
+from gpudiag.analysis.steps.launches import in_measured_steps
+from gpudiag.analysis.steps.timeline import gpu_activities, step_table
+
+
+# What made gpudiag's step ranges, by the launcher's step_mode (gpudiag.capture.instrument).
+STEP_SOURCES = {"optimizer": "optimizer.step()", "call": "gpudiag.step() or --steps-from call:",
+                "forward": "calls of the outermost module", "generate": "generate() calls"}
+
+
+def named_source(steps: Steps, status: dict | None) -> Steps:
+    """``steps`` with the launcher's own step source named where its status recorded one: a
+    generate() loop's steps are not "optimizer.step() or gpudiag.step()"."""
+    mode = (status or {}).get("step_mode")
+    if steps.kind != "gpudiag" or mode not in STEP_SOURCES:
+        return steps
+    return dataclasses.replace(steps, source=steps.source.replace("optimizer.step() or gpudiag.step()",
+                                                                  STEP_SOURCES[mode]))
+
+
+def detail_step(status: dict | None, attribution: pd.DataFrame) -> int | None:
+    """The step recorded with per-op ranges: the launcher's, else the step most op calls fall in."""
+    detail_step = (status or {}).get("detail_step")
+    if detail_step is None and (attribution["op_call"] >= 0).any():
+        detail_step = int(attribution.loc[attribution["op_call"] >= 0, "step"].mode().iloc[0])
+    return detail_step
+
+
+def activities(t: Tables, steps: Steps) -> pd.DataFrame:
+    """Kernels, copies and memsets (:func:`gpu_activities`) with ``step``: the step window holding
+    the launch call (-1 for none; the GPU start where the whole capture is one step)."""
+    activities = gpu_activities(t.kernels, t.memcpy, t.memset, t.runtime_api)
+    when = activities["api_start_ns"].to_numpy(dtype=float)
+    if steps.kind == "whole":
+        when = np.where(np.isnan(when), activities["start_ns"].to_numpy(dtype=float), when)
+    widx = window_index(steps.table["start_ns"].to_numpy(), steps.table["end_ns"].to_numpy(), when)
+    activities["step"] = np.where(widx >= 0, steps.table["step"].to_numpy()[np.maximum(widx, 0)], -1)
+    return activities
+
+
+def step_frame(steps: Steps, activities: pd.DataFrame, warmup_steps: int, detail_step: int | None,
+                warnings: list[str]) -> pd.DataFrame:
+    """The step table (:func:`step_table`: times in ns) with the warm-up, detail, measured and
+    outlier flags."""
+    # several launcher runs in one capture: each run has its own warm-up and detail step
+    st = outliers.flag_outliers(run_flags(step_table(steps.table, activities, warmup_steps, detail_step), steps,
+                                          warmup_steps, detail_step))
+    if len(st) and not st["warmup"].any() and warmup_steps > 0:
+        warnings.append(f"only {len(st)} step(s), not more than the {warmup_steps} warm-up steps: "
+                        "the statistics include them (capture more steps, or lower --warmup-steps)")
+    return st
+
+
+def kernel_frame(kernels: pd.DataFrame, attribution: pd.DataFrame, classes: pd.DataFrame,
+                  launches: pd.DataFrame) -> pd.DataFrame:
+    """``kernels`` with their attribution, classification and launch statistics (queue delay, ns)."""
+    k = kernels.assign(**{c: attribution[c].to_numpy() for c in ("step", "phase", "module", "module_class", "op", "op_args",
+                                                                  "op_call", "graph", "api_start_ns")},
+                       **{c: classes[c].to_numpy() for c in ("family", "kernel_class", "evidence", "intensity", "ridge", "efficiency",
+                                                             "config_key", "flop", "bytes", "math_path", "achieved_flop_per_s",
+                                                             "achieved_bytes_per_s")})
+    k["queue_delay_ns"] = launches["queue_delay_ns"].to_numpy()
+    k["shorter_than_launch"] = launches["shorter_than_launch"].to_numpy()
+    return k
+
+
+def measured_api(runtime_api: pd.DataFrame, steps: Steps, measured_ids: set) -> pd.DataFrame:
+    """The API calls of the measured steps, with ``step``."""
+    # API calls of the measured steps, once: the rules and the launch counts both read them
+    return (in_measured_steps(runtime_api, runtime_api["start_ns"].to_numpy(dtype=float), steps.table, measured_ids)
+            if not runtime_api.empty else runtime_api)
