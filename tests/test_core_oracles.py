@@ -268,3 +268,40 @@ def test_each_candidates_chain_time_is_its_kernels_time(name, analysed):
         upper = sum(per_op.get(op, 0.0) for op in set(c["ops"]))
         assert 0 < c["chain_ns"] <= upper + 1e-6
         assert c["chain_ns"] * c["occurrences_per_step"] <= upper * len(c["ops"]) + 1e-6
+
+
+def _tensor_bytes(spec: str) -> float:
+    dtype, shape = spec.split("@")[0].rstrip("]").split("[")
+    size = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "bool": 1}[dtype]
+    return float(math.prod(int(n) for n in shape.split(",") if n) * size)
+
+
+def test_saved_for_backward_are_the_groups_writes_that_backward_reads_before_they_are_rewritten(analysed):
+    """GPT-2's first tanh-GELU forward (op calls of ``transformer.h.0.mlp.act``): a storage the group
+    writes that a backward op reads before anything outside the group writes it again is what a
+    fused forward must still write. Found here by walking the detail step's op calls in order."""
+    import json
+
+    db, report = analysed("gpt2_train_bf16")
+    calls = pd.read_sql_query("SELECT DISTINCT op_call, op, op_args, module, phase FROM kernel_attribution"
+                              " WHERE op_call >= 0 ORDER BY op_call", db.conn)
+    payloads = [(row.op_call, row.op, row.phase, json.loads(row.op_args)) for row in calls.itertuples()]
+    group = [p for p in payloads if calls.set_index("op_call").at[p[0], "module"] == "transformer.h.0.mlp.act"]
+    last = group[-1][0]
+    written = {}
+    for call, op, _, payload in group:
+        written[payload["out"].split("@")[1]] = (call, op, _tensor_bytes(payload["out"]))
+    expected = []
+    for storage, (call, op, nbytes) in written.items():
+        for later_call, _, phase, payload in (p for p in payloads if p[0] > last):
+            reads = {t.split("@")[1] for t in payload["in"] if isinstance(t, str) and "@" in t}
+            if phase == "backward" and storage in reads:
+                expected.append((call, op, nbytes))
+                break
+            outs = payload["out"] if isinstance(payload["out"], list) else [payload["out"]]
+            if any(isinstance(o, str) and o.endswith("@" + storage) for o in outs):
+                break  # overwritten: a new version, not the group's
+    forward = next(c for c in report["fusion_candidates"] if "transformer.h.0.mlp.act" in c["modules"])
+    assert expected, "the backward reads some of the GELU's intermediates"
+    assert sorted((x["op"], x["bytes"]) for x in forward["saved_for_backward"]) == \
+        sorted((op, nbytes) for _, op, nbytes in expected)

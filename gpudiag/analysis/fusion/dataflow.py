@@ -193,6 +193,18 @@ def _between_calls(op_call: np.ndarray, op_payloads: list[str] | None) -> dict[i
     return between
 
 
+def _alias_writes(between: dict[int, tuple[dict, set, set]], payloads: list[str] | None) -> set[tuple[int, str]]:
+    """(op_call, "w") of the kernel-less op calls that only alias a storage they read: an out-of-place
+    op (PyTorch names in-place ops with a trailing underscore) whose output is an input's storage
+    (detach, view, t) writes nothing."""
+    out = set()
+    for c, (_, reads, writes) in between.items():
+        name = re.match(r'^\{"op":"([^"]*)"', payloads[c] or "") if payloads else None
+        if name and not name.group(1).endswith("_") and writes and writes <= reads:
+            out.add((c, "w"))
+    return out
+
+
 def _accesses(nodes: dict[int, tuple[dict, set, set]]) -> dict[str, list[tuple[int, str]]]:
     """storage -> [(op_call, "r" | "w")] in host order (within one call, reads before writes): tells a
     group's real inputs and outputs from addresses the caching allocator reused for other tensors."""
@@ -308,17 +320,20 @@ def _chains(calls: pd.DataFrame, parsed: list, between: dict) -> list[tuple[list
 
 
 def _saved_for_backward(chain: list[int], calls: pd.DataFrame, parsed: list, sizes: dict,
-                        accesses: dict, backward: set[int]) -> list[dict]:
+                        accesses: dict, backward: set[int], aliases: set[tuple[int, str]]) -> list[dict]:
     """Forward intermediates of a group that the backward pass reads: a fused kernel must still
     write them (or the backward recomputes them). One dict per storage version written by the group
     and read by a backward op call (``backward``: their op_call numbers) before it is overwritten:
-    the op that wrote it, and its bytes."""
+    the op that wrote it, and its bytes. ``aliases`` (:func:`_alias_writes`): accesses that are not
+    writes of new data."""
     if (calls.loc[chain, "phase"] != "forward").any():
         return []
     writers = {int(calls.at[i, "op_call"]): calls.at[i, "op"] for i in chain}
     found = []
     for s in set().union(*(parsed[i][2] for i in chain)):
-        for writer, readers in _versions(accesses.get(s, [])):
+        # an alias of the storage (autograd's detach of a saved tensor, a view) is not a new version:
+        # the backward reads what the forward wrote (tanh's output in GPT-2's GELU)
+        for writer, readers in _versions([a for a in accesses.get(s, []) if a not in aliases]):
             if writer in writers and any(r in backward for r in readers):
                 found.append((writer, s))
     # In the order the ops wrote them: a set's order changes with the hash seed, and the same
@@ -357,6 +372,7 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int | None 
     accesses = _accesses({int(c): p for c, p in zip(op_call, parsed)} | between)
 
     backward = set(calls.loc[calls["phase"] == "backward", "op_call"].astype(int))  # once per step
+    aliases = _alias_writes(between, op_payloads)
     groups: dict[tuple, dict] = {}
     for chain, passed in _chains(calls, parsed, between):
         members = {int(op_call[i]) for i in chain} | set(passed)
@@ -381,7 +397,7 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int | None 
         g = groups.setdefault(key, {"ops": ops, "count": 0, "modules": set(), "ns": [], "floor": floor,
                                     "bytes": external, "kernels": int(calls.loc[chain, "kernels"].sum()),
                                     "shapes": json.loads(calls.at[widest, "args"]).get("in", [])[:3],
-                                    "saved": _saved_for_backward(chain, calls, parsed, sizes, accesses, backward)})
+                                    "saved": _saved_for_backward(chain, calls, parsed, sizes, accesses, backward, aliases)})
         g["count"] += 1
         g["modules"].add(calls.at[chain[0], "module"] or calls.at[chain[0], "phase"])
         g["ns"].append(float(calls.loc[chain, "ns"].sum()))
