@@ -120,3 +120,103 @@ def test_a_capture_wholly_before_time_zero_is_a_one_line_error(tmp_path, export_
     assert len(lines) == 1 and lines[0].startswith(f"Error: {source}"), result.output
     assert f"negative start/end (rows dropped): {counts[K]}" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+# --- exports SQLite would have to recover: WAL mode, a hot rollback journal --------------------
+
+def _state(folder: Path) -> dict:
+    """Every entry of ``folder`` with its bytes' hash, size, mode and mtime, and the folder's own
+    mtime and mode: what reading an export must leave as it was."""
+    files = {p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_size, p.stat().st_mode, p.stat().st_mtime_ns)
+             for p in sorted(folder.iterdir())}
+    return {"files": files, "folder": (folder.stat().st_mtime_ns, folder.stat().st_mode)}
+
+
+def _in_child(path: Path, *statements: str, commit: bool) -> None:
+    """Run ``statements`` on ``path`` in a child process that dies (os._exit) before closing the
+    database: after the commit (a WAL keeps the change, unmerged) or before it (a hot journal)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        con = sqlite3.connect(path, isolation_level=None)
+        con.execute("PRAGMA cache_size = 1")  # spill changed pages into the file before the commit
+        con.execute("BEGIN")
+        for s in statements:
+            con.execute(s)
+        if commit:
+            con.execute("COMMIT")
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
+def _read_only(folder: Path) -> None:
+    for p in folder.iterdir():
+        p.chmod(0o444)
+    folder.chmod(0o555)
+
+
+@pytest.fixture
+def user_folder(tmp_path):
+    folder = tmp_path / "user"
+    yield folder
+    if folder.exists():  # writable again, so that pytest can remove it (uids without root)
+        folder.chmod(0o755)
+
+
+def _same_analysis(report: dict, original: dict) -> None:
+    for key in ("top_kernels", "breakdown_ns_per_step", "per_step_metrics"):
+        assert report[key] == original[key], key
+
+
+def test_a_read_only_export_in_wal_mode_is_read_without_writing_beside_it(tmp_path, export_path, user_folder):
+    """An export left in WAL mode (no -wal file) in a read-only folder: read as it is (immutable),
+    where it used to be "a damaged SQLite file" (uids without root) or to gain -wal and -shm files
+    in the user's folder (root, which ignores file modes)."""
+    export = export_path("tiny_gemm_gelu")
+    source = _copy(export, user_folder)
+    con = sqlite3.connect(source)
+    assert con.execute("PRAGMA journal_mode = WAL").fetchone() == ("wal",)
+    con.close()
+    _read_only(user_folder)
+    before = _state(user_folder)
+    _, original = _report(export, tmp_path / "original")
+    result, report = _report(source, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert _state(user_folder) == before
+    _same_analysis(report, original)
+
+
+def test_an_export_with_committed_changes_in_its_wal_is_read_with_them(tmp_path, export_path, user_folder):
+    """A WAL holding a committed rename of the top kernel (never checkpointed: the writer died),
+    read-only: the report has the renamed kernel, and the export, its -wal and -shm are unchanged."""
+    source = _copy(export_path("tiny_gemm_gelu"), user_folder)
+    con = sqlite3.connect(source)
+    top = con.execute(f"SELECT shortName FROM {K} GROUP BY shortName ORDER BY SUM(\"end\" - start) DESC LIMIT 1").fetchone()[0]
+    con.execute("PRAGMA journal_mode = WAL")
+    con.close()
+    _in_child(source, f"UPDATE StringIds SET value = 'renamed_in_the_wal' WHERE id = {top}", commit=True)
+    assert {p.name for p in user_folder.iterdir()} == {"export.sqlite", "export.sqlite-wal", "export.sqlite-shm"}
+    _read_only(user_folder)
+    before = _state(user_folder)
+    result, report = _report(source, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert report["top_kernels"][0]["label"] == "renamed_in_the_wal"
+    assert _state(user_folder) == before
+
+
+def test_a_hot_journal_is_rolled_back_on_a_copy(tmp_path, export_path, user_folder):
+    """A write interrupted before its commit (changed pages already in the file, the hot journal
+    beside it), read-only: the report is the one of the export before that write (rolled back on a
+    private copy), where it used to be "a damaged SQLite file"; neither file changes."""
+    export = export_path("tiny_gemm_gelu")
+    source = _copy(export, user_folder)
+    _in_child(source, f'UPDATE {K} SET start = start + 1000, "end" = "end" + 5000',
+              "UPDATE StringIds SET value = value || '_half_written'", commit=False)
+    assert (user_folder / "export.sqlite-journal").stat().st_size > 0
+    assert hashlib.sha256(source.read_bytes()).digest() != hashlib.sha256(export.read_bytes()).digest()
+    _read_only(user_folder)
+    before = _state(user_folder)
+    _, original = _report(export, tmp_path / "original")
+    result, report = _report(source, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert _state(user_folder) == before
+    _same_analysis(report, original)
