@@ -51,9 +51,12 @@ def read_sql(conn: sqlite3.Connection, sql: str, rows_hint: int | None = None) -
     """The result of ``sql`` on ``conn``'s database file, as ``pandas.read_sql_query(sql, conn)``
     gives it. Read by connectorx when installed, the connection is a file with default text
     handling and ``rows_hint`` (rows the query returns, or None if unknown) is at least
-    :data:`FAST_MIN_ROWS`; else, or when connectorx refuses the data, by pandas."""
+    :data:`FAST_MIN_ROWS`; else, or when connectorx refuses the data, by pandas. A connection
+    whose ``fast_read`` is False (an export opened immutable, which connectorx would open as SQLite
+    does, writing beside it) is read by pandas."""
     path = _database_file(conn)
-    if path and conn.text_factory is str and (rows_hint is None or rows_hint >= FAST_MIN_ROWS):
+    fast = getattr(conn, "fast_read", True) and conn.text_factory is str
+    if path and fast and (rows_hint is None or rows_hint >= FAST_MIN_ROWS):
         try:
             import connectorx
         except ImportError:

@@ -11,7 +11,10 @@ Every function returns plain pandas DataFrames with snake_case columns and unit-
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
+import tempfile
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,22 +171,104 @@ def _not_sqlite_message(path: Path, head: bytes) -> str | None:
     return None
 
 
-def open_export(path: Path) -> sqlite3.Connection:
-    """Open ``path`` read-only. Raises :class:`ExportError` if it is not an SQLite nsys export."""
+class ExportConnection(sqlite3.Connection):
+    """A read-only connection to an export. ``fast_read``: whether other readers (connectorx) may
+    open the file it reads, as :func:`gpudiag.sources.columnar.read_sql` does; closing it removes
+    the private copy it may read (:func:`open_export`)."""
+
+    fast_read = True
+    _cleanup = None
+
+    def close(self) -> None:
+        super().close()
+        if self._cleanup is not None:
+            self._cleanup()
+
+
+def _journal(path: Path, suffix: str) -> Path | None:
+    """``path``'s ``-wal`` or ``-journal`` file (``suffix``) if it exists and holds bytes."""
+    side = path.with_name(path.name + suffix)
+    try:
+        return side if side.is_file() and side.stat().st_size > 0 else None
+    except OSError:
+        return None
+
+
+def _recovery_needed(path: Path, head: bytes) -> str | None:
+    """What SQLite would write beside ``path`` (whose first 20 bytes are ``head``) to read it, even
+    read-only: "wal" for a WAL-mode export with a WAL file (its index, the -shm, is made or
+    rebuilt), "wal-empty" for one without (SQLite would make -wal and -shm files), "journal" for
+    a rollback journal beside it (rolled back if hot); None when nothing."""
+    if head[18:20] == b"\x02\x02":  # file format write/read version 2: WAL mode (SQLite file format)
+        return "wal" if _journal(path, "-wal") else "wal-empty"
+    return "journal" if _journal(path, "-journal") else None
+
+
+def _recovered_copy(path: Path) -> tuple[Path, Path] | None:
+    """(copy, its folder): ``path`` and its ``-wal``/``-journal`` copied into a new temporary folder
+    and recovered there by SQLite (the WAL checkpointed, a hot journal rolled back), so that what
+    the export's last committed state holds is read while the user's files are only read. None when
+    SQLite cannot recover the copy. Raises :class:`ExportError` when the copy cannot be written."""
+    folder = Path(tempfile.mkdtemp(prefix="gpudiag-export-"))
+    copy = folder / "export.sqlite"
+    try:
+        shutil.copyfile(path, copy)
+        for suffix in ("-wal", "-journal"):
+            side = _journal(path, suffix)
+            if side:
+                shutil.copyfile(side, copy.with_name(copy.name + suffix))
+        conn = sqlite3.connect(copy)
+        try:
+            conn.execute("PRAGMA journal_mode=DELETE").fetchone()  # recovers, then leaves a plain file
+        finally:
+            conn.close()
+        return copy, folder
+    except OSError as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise ExportError(f"{path}: its journal must be replayed on a copy, which cannot be written in {folder.parent} "
+                          f"({exc.strerror}); free space there or set TMPDIR to a folder with room") from None
+    except sqlite3.DatabaseError:
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+
+
+def _connect(path: Path, head: bytes) -> ExportConnection:
+    """A read-only connection that writes nothing beside ``path``: the file itself; for an export
+    SQLite would have to recover (:func:`_recovery_needed`), a recovered private copy, or the file
+    opened immutable (read as it is) when the WAL is empty or the copy cannot be recovered."""
+    uri = path.resolve().as_uri() + "?mode=ro"  # as_uri escapes # and ?
+    need = _recovery_needed(path, head)
+    copied = _recovered_copy(path) if need in ("wal", "journal") else None
+    if copied:
+        conn = sqlite3.connect(copied[0].as_uri() + "?mode=ro", uri=True, factory=ExportConnection)
+        conn._cleanup = weakref.finalize(conn, shutil.rmtree, copied[1], ignore_errors=True)
+        return conn
+    conn = sqlite3.connect(uri + ("&immutable=1" if need else ""), uri=True, factory=ExportConnection)
+    conn.fast_read = not need  # connectorx would open the user's file as SQLite does, writing beside it
+    return conn
+
+
+def open_export(path: Path) -> ExportConnection:
+    """Open ``path`` read-only, writing nothing beside it (an export in WAL mode or with a rollback
+    journal is read from a recovered temporary copy, or immutable: see :func:`_connect`). Raises
+    :class:`ExportError` if it is not an SQLite nsys export or cannot be read."""
     if not path.is_file():
         raise ExportError(f"{path}: no such file; pass an nsys SQLite export (nsys export --type sqlite) or a gpudiag run directory")
     try:
         with open(path, "rb") as f:
-            head = f.read(len(SQLITE_MAGIC))
+            head = f.read(100)  # the SQLite header
     except OSError as exc:
         raise ExportError(f"{path}: cannot be read ({exc.strerror}); check its permissions") from None
-    problem = _not_sqlite_message(path, head)
+    problem = _not_sqlite_message(path, head[:len(SQLITE_MAGIC)])
     if problem:
         raise ExportError(problem)
+    conn = None
     try:
-        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)  # as_uri escapes # and ?
+        conn = _connect(path, head)
         tables = _tables(conn)
     except (sqlite3.DatabaseError, UnicodeDecodeError):  # a damaged schema page can hold any bytes
+        if conn is not None:
+            conn.close()
         raise ExportError(f"{path}: a damaged SQLite file; export the report again with: {_export_command(path)}") from None
     if not tables & {"CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "StringIds"}:
         conn.close()

@@ -3,8 +3,11 @@ true are dropped and counted, never dropped silently and never a traceback.
 
 A kernel, copy, memset, synchronization or API call needs a start and an end that are integers
 (nanoseconds) with end ≥ start; nsys writes nothing else, so anything else is a damaged or edited
-export. Each drop is counted per table and reason; the analysis shows one warning line per table
-(``report.json`` ``warnings``; the counts are in the run database's ``meta`` as ``dropped_rows``).
+export. Timestamps are ns since the session's start, so a negative one is damage too (no committed
+real export has one, and the analysis, which measures from time zero, mis-measures such rows: a
+capture moved before zero showed -487 s of idle time per step). Each drop is counted per table
+and reason; the analysis shows one warning line per table (``report.json`` ``warnings``; the
+counts are in the run database's ``meta`` as ``dropped_rows``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ END_BEFORE_START = "end before start"
 OUT_OF_RANGE = "start/end beyond 2**53 ns"
 DUPLICATES = "exact duplicate rows"
 ZERO_DURATION = "zero duration (rows kept)"
+NEGATIVE = "negative start/end (rows dropped)"
 # float64 holds integers exactly up to 2**53 (104 days in ns); the analysis computes in float64
 # in places, and no capture lasts that long, so a timestamp beyond it is damage, not data.
 MAX_TIME_NS = 2**53
@@ -26,8 +30,10 @@ def valid_times(df: pd.DataFrame, table: str, dropped: dict[str, dict[str, int]]
     """``df`` without the rows whose ``start_ns``/``end_ns`` are not integers or run backwards;
     the timestamps become int64, and with ``duration`` a ``duration_ns`` column (end - start) is
     added. With ``zero_is_odd``, rows with end = start are kept but counted (no kernel takes 0 ns;
-    a capture full of them is edited). Counts go into ``dropped[table][reason]``. A frame without the two columns (a table
-    missing from the export) is returned as is."""
+    a capture full of them is edited). Rows with a negative start or end (before the session's
+    start; nsys writes none) are dropped like the other impossible ones. Counts go into
+    ``dropped[table][reason]`` (a report warning each, :func:`warning_lines`). A frame without the
+    two columns (a table missing from the export) is returned as is."""
     if not {"start_ns", "end_ns"} <= set(df.columns):
         return df
     start = pd.to_numeric(df["start_ns"], errors="coerce")
@@ -36,12 +42,14 @@ def valid_times(df: pd.DataFrame, table: str, dropped: dict[str, dict[str, int]]
     not_time = start.isna() | end.isna() | (start % 1 != 0) | (end % 1 != 0)
     huge = ~not_time & ((start.abs() >= MAX_TIME_NS) | (end.abs() >= MAX_TIME_NS))
     backwards = ~not_time & ~huge & (end < start)
+    negative = ~not_time & ~huge & ~backwards & (start < 0)  # end >= start: start is the earlier
     counts = {NOT_A_TIME: int(not_time.sum()), OUT_OF_RANGE: int(huge.sum()), END_BEFORE_START: int(backwards.sum()),
+              NEGATIVE: int(negative.sum()),
               ZERO_DURATION: int((~not_time & (end == start)).sum()) if zero_is_odd else 0}
     counts = {reason: n for reason, n in counts.items() if n}
     if counts:
         dropped.setdefault(table, {}).update(counts)
-    keep = ~(not_time | huge | backwards)
+    keep = ~(not_time | huge | backwards | negative)
     out = df[keep].copy()
     out["start_ns"] = start[keep].astype("int64")
     out["end_ns"] = end[keep].astype("int64")

@@ -11,6 +11,7 @@ names hold "Reduce" and would otherwise land in ``reduce``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import pandas as pd
 
@@ -29,6 +30,10 @@ FAMILY_PATTERNS: tuple[tuple[str, str], ...] = (
 )
 
 _COMPILED = [(family, re.compile(pattern, re.IGNORECASE)) for family, pattern in FAMILY_PATTERNS]
+# The patterns see a name's first SCAN_CHARS characters: their cost grows with the text (8 s for a
+# 10 MB name, and a report classifies a name many times), while real names are short (the longest
+# in the committed exports: 5815 characters); a longer name is damage, classified by its start.
+SCAN_CHARS = 65_536
 
 # Collective communication: outside the roofline (its time is link/peer bound, its small grids deliberate).
 COMMUNICATION = "communication"
@@ -38,9 +43,11 @@ CONTRACTION_FAMILIES = frozenset({"gemm", "conv", "attention"})
 
 
 def family_of(name: str) -> str:
-    """Family of one kernel name (see :data:`FAMILY_PATTERNS`)."""
+    """Family of one kernel name (see :data:`FAMILY_PATTERNS`), from its first :data:`SCAN_CHARS`
+    characters."""
+    text = (name or "")[:SCAN_CHARS]
     for family, pattern in _COMPILED:
-        if pattern.search(name or ""):
+        if pattern.search(text):
             return family
     return "other"
 
@@ -52,11 +59,29 @@ def families(names: pd.Series) -> pd.Series:
 
 
 # Functor or implementation names inside ATen's generic kernels' template arguments: they say what
-# an "elementwise_kernel" actually computes.
-_INNER = re.compile(r"([A-Za-z_]\w*?(?:_kernel_cuda|_functor|Functor|KernelImpl|_kernel_impl|Kernel|_kernel|_op))\b")
+# an "elementwise_kernel" actually computes. A word (a run of \w) ending in one of these suffixes
+# names one, from its first ASCII letter or "_" on, with at least one character before the suffix.
+_INNER_SUFFIXES = ("_kernel_cuda", "_functor", "Functor", "KernelImpl", "_kernel_impl", "Kernel", "_kernel", "_op")
+_WORD = re.compile(r"\w+")
+_NAME_START = re.compile(r"[A-Za-z_]")
 _GENERIC = {"gpu_kernel_impl_nocast", "gpu_kernel_impl", "elementwise_kernel", "unrolled_elementwise_kernel",
             "vectorized_elementwise_kernel", "reduce_kernel", "func_wrapper_t", "ReduceOp"}
 _DTYPES = (("BFloat16", "bf16"), ("Half", "fp16"), ("float", "fp32"), ("double", "fp64"))
+
+
+def inner_names(name: str) -> Iterator[str]:
+    r"""The functor or implementation names in ``name``, in order: what the regular expression
+    ``([A-Za-z_]\w*?(?:SUFFIXES))\b`` finds, in time linear in the name's length (that expression
+    retries from every letter of a long word without a suffix: time quadratic in its length,
+    30 s for 40,000 letters, days for 10 MB)."""
+    for word in _WORD.finditer(name):
+        text = word.group()
+        if not text.endswith(_INNER_SUFFIXES):
+            continue
+        start = _NAME_START.search(text)
+        rest = text[start.start():] if start else ""
+        if len(rest) > min(len(s) for s in _INNER_SUFFIXES if text.endswith(s)):
+            yield rest
 
 
 def kernel_label(name: str, short_name: str | None) -> str:
@@ -65,6 +90,6 @@ def kernel_label(name: str, short_name: str | None) -> str:
     short = short_name or (name or "")[:80]
     if not name or short not in _GENERIC:
         return short
-    inner = next((m for m in _INNER.findall(name) if m not in _GENERIC and m != short), None)
+    inner = next((m for m in inner_names(name) if m not in _GENERIC and m != short), None)
     dtype = next((label for token, label in _DTYPES if token in name), None)
     return " · ".join(p for p in (short, inner, dtype) if p)
