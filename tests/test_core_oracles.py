@@ -305,3 +305,44 @@ def test_saved_for_backward_are_the_groups_writes_that_backward_reads_before_the
     assert expected, "the backward reads some of the GELU's intermediates"
     assert sorted((x["op"], x["bytes"]) for x in forward["saved_for_backward"]) == \
         sorted((op, nbytes) for _, op, nbytes in expected)
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_train", "zoo_vit", "gpt2_train_bf16"])
+def test_every_op_call_has_a_json_payload_with_its_output(name, analysed):
+    """Each kernel of an op call carries the call's payload, ``"out"`` included (null when the op
+    range has no output range nested in it)."""
+    import json
+
+    db, _ = analysed(name)
+    rows = db.conn.execute("SELECT op_call, op, op_args FROM kernel_attribution WHERE op_call >= 0").fetchall()
+    assert rows
+    for _, op, args in rows:
+        payload = json.loads(args)
+        assert payload["op"] == op and "out" in payload and "in" in payload
+
+
+def test_a_launch_without_a_detail_step_partner_gets_its_configurations_median(analysed):
+    """A step that launches a configuration more often than the detail step did: the extra launch
+    takes the median FLOPs and bytes of the detail step's launches of that configuration."""
+    from gpudiag.analysis.roofline import peaks
+    from gpudiag.analysis.roofline.classify import classify
+
+    db, report = analysed("rmsnorm_train")
+    kernels = pd.read_sql_query("SELECT * FROM kernels ORDER BY kernel_id", db.conn)
+    attribution = pd.read_sql_query("SELECT * FROM kernel_attribution ORDER BY kernel_id", db.conn)
+    classes = pd.read_sql_query("SELECT * FROM kernel_class ORDER BY kernel_id", db.conn)
+    detail = db.conn.execute("SELECT step FROM steps WHERE detail").fetchone()[0]
+    # a configuration the detail step launched several times with different costs
+    shaped = classes.assign(step=attribution["step"])[lambda f: (f["step"] == detail) & f["math_path"].notna()]
+    config = shaped.groupby("config_key")["bytes"].nunique().idxmax()
+    extra = kernels[classes["config_key"] == config].iloc[[0]].assign(kernel_id=kernels["kernel_id"].max() + 1)
+    extra_attr = attribution[classes["config_key"] == config].iloc[[0]].assign(
+        kernel_id=extra["kernel_id"].iloc[0], step=detail + 1, op_call=-1, op=None, op_args=None)
+    device = peaks.lookup(report["device"]["name"], report["device"]["sm_count"])
+    out = classify(pd.concat([kernels, extra], ignore_index=True), pd.concat([attribution, extra_attr], ignore_index=True),
+                   device)
+    mine = shaped[shaped["config_key"] == config]
+    assert out["flop"].iloc[-1] == pytest.approx(mine["flop"].median(), rel=1e-12)
+    assert out["bytes"].iloc[-1] == pytest.approx(mine["bytes"].median(), rel=1e-12)
+    assert out["math_path"].iloc[-1] == mine["math_path"].iloc[0]
+    assert (out.iloc[:-1]["kernel_class"].to_numpy() == classes["kernel_class"].to_numpy()).all()

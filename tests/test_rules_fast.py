@@ -1,0 +1,140 @@
+"""Fast oracles of the rules (issue 25, part 0): each rule's saving recomputed in this file from the
+run database of a small real capture, and the rule tables (GEMM alignment, ranking, the silent
+share) as decision tables. The mutation run selects these for ``analysis/rules``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from gpudiag.analysis.rules import registry
+from gpudiag.analysis.rules.kernels import _misaligned
+
+
+def _measured_kernels(db) -> tuple[pd.DataFrame, int]:
+    k = pd.read_sql_query(
+        "SELECT k.kernel_id, k.duration_ns, k.grid_x, k.grid_y, k.grid_z, a.step, a.module, a.module_class, a.op_args,"
+        " c.family, c.kernel_class FROM kernels k JOIN kernel_attribution a USING (kernel_id)"
+        " JOIN kernel_class c USING (kernel_id) WHERE a.step IN (SELECT step FROM steps WHERE measured)", db.conn)
+    n = db.conn.execute("SELECT count(*) FROM steps WHERE measured").fetchone()[0]
+    return k, n
+
+
+def _rec(report: dict, rule_id: str) -> dict | None:
+    return next((r for r in report["recommendations"] + report["suppressed"] if r["rule_id"] == rule_id), None)
+
+
+def _payload(op: str, *tensors) -> str:
+    return json.dumps({"op": op, "in": list(tensors), "out": None})
+
+
+@pytest.mark.parametrize("op, tensors, expected", [
+    ("aten::mm", ["bfloat16[64,100]", "bfloat16[100,256]"], ["K=100"]),
+    ("aten::mm", ["bfloat16[64,128]", "bfloat16[128,250]"], ["N=250"]),
+    ("aten::mm", ["float16[64,100]", "float16[100,250]"], ["K=100", "N=250"]),
+    ("aten::mm", ["bfloat16[64,128]", "bfloat16[128,256]"], []),
+    ("aten::mm", ["float32[64,100]", "float32[100,250]"], []),  # fp32/TF32: no alignment rule
+    ("aten::mm", ["float8_e4m3fn[64,136]", "float8_e4m3fn[136,256]"], ["K=136"]),  # fp8: multiples of 16
+    ("aten::mm", ["float8_e4m3fn[64,144]", "float8_e4m3fn[144,256]"], []),
+    ("aten::linear", ["bfloat16[64,128]", "bfloat16[250,128]"], ["N=250"]),  # linear's weight is (N, K)
+    ("aten::linear", ["bfloat16[64,128]", "bfloat16[256,120]"], []),
+    ("aten::addmm", ["bfloat16[250]", "bfloat16[64,128]", "bfloat16[128,250]"], ["N=250"]),  # the bias is not an operand
+    ("aten::bmm", ["bfloat16[8,64,100]", "bfloat16[8,100,64]"], ["K=100"]),
+    ("aten::mm", ["bfloat16[100]", "bfloat16[100,256]"], []),  # a vector: no GEMM shape
+    ("aten::mm", ["bfloat16[64,128]"], []),
+])
+def test_gemm_alignment_is_nvidias_tensor_core_table(op, tensors, expected):
+    """NVIDIA's Matrix Multiplication Background User's Guide: K and N multiples of 8 for 16-bit
+    types, 16 for fp8."""
+    assert _misaligned(op, _payload(op, *tensors)) == expected
+
+
+def test_gemm_alignment_of_an_unreadable_payload():
+    assert _misaligned("aten::mm", "not json") == []
+    assert _misaligned("aten::mm", json.dumps({"op": "aten::mm"})) == []
+
+
+def test_unfused_norm_saving_is_the_forward_time_minus_one_fused_pass(analysed):
+    """RMSNorm written op by op (rmsnorm_train, H200): per step, the norm modules' kernel time minus,
+    per module, reading and writing its largest input once at peak bandwidth."""
+    db, report = analysed("rmsnorm_train")
+    k, n = _measured_kernels(db)
+    norms = k[k["module_class"].fillna("").str.contains(r"Norm(?:\d*d)?$")]
+    per_module = norms.groupby("module").agg(kernels=("duration_ns", "size"), ns=("duration_ns", "sum"),
+                                             fused=("family", lambda f: (f == "norm").any()))
+    unfused = per_module[(per_module["kernels"] / n >= 3) & ~per_module["fused"]]
+    assert len(unfused) == 8
+    detail = pd.read_sql_query("SELECT module, op_args FROM kernel_attribution WHERE step IN "
+                               "(SELECT step FROM steps WHERE detail) AND op_args IS NOT NULL", db.conn)
+    itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}
+    largest = 0.0
+    for args in detail.loc[detail["module"].isin(unfused.index), "op_args"]:
+        for t in json.loads(args)["in"]:
+            if isinstance(t, str) and "[" in t:
+                dtype, shape = t.split("@")[0].rstrip("]").split("[")
+                largest = max(largest, math.prod(int(x) for x in shape.split(",") if x) * itemsize.get(dtype, 4))
+    bandwidth = report["device"]["memory_bandwidth_bytes_per_s"]
+    saving = unfused["ns"].sum() / n - len(unfused) * 2 * largest / bandwidth * 1e9
+    rec = _rec(report, "GD-UNFUSED-NORM")
+    assert rec["saving_ns_per_step"] == pytest.approx(saving, rel=1e-9)
+    assert f"{len(unfused)} calls x 2 x {largest / 1e6:.1f} MB" in rec["estimate"]
+    assert rec["saving_percent_of_step"] == pytest.approx(100 * saving / report["steps"]["step_time_ns"]["mean"], rel=1e-9)
+
+
+def test_small_grid_saving_is_the_idle_share_of_the_sms(analysed):
+    """ResNet-50 (H100): kernels over 20 µs with fewer blocks than half the SMs; saving = their time
+    x (1 - blocks / SMs), per step."""
+    db, report = analysed("zoo_resnet50")
+    k, n = _measured_kernels(db)
+    sms = report["device"]["sm_count"]
+    k = k[k["kernel_class"] != "communication"]
+    blocks = k[["grid_x", "grid_y", "grid_z"]].fillna(1).prod(axis=1)
+    small = k[(blocks < sms / 2) & (k["duration_ns"] > 20_000)]
+    saving = float((small["duration_ns"] * (1 - blocks[small.index] / sms)).sum()) / n
+    assert small["duration_ns"].sum() / n >= 0.02 * report["steps"]["step_time_ns"]["mean"]
+    assert _rec(report, "GD-SMALL-GRID")["saving_ns_per_step"] == pytest.approx(saving, rel=1e-9)
+
+
+def test_input_stall_is_the_mean_idle_before_each_steps_first_kernel(analysed):
+    """input_pipeline_bad (H200): the data loader's wait shows as host-bound GPU idle before each
+    step's first kernel; the rule's saving is its mean, over 10 % of the step."""
+    _, report = analysed("input_pipeline_bad")
+    rec = _rec(report, "GD-INPUT-STALL")
+    per_step = report["idle"]["step_start_idle_ns_per_step"] if "step_start_idle_ns_per_step" in report["idle"] else None
+    assert rec is not None and rec["saving_ns_per_step"] >= 0.10 * report["steps"]["step_time_ns"]["mean"]
+    if per_step is not None:
+        assert rec["saving_ns_per_step"] == pytest.approx(per_step, rel=1e-9)
+    assert rec["saving_ns_per_step"] <= report["idle"]["host_bound_idle_ns_per_step"] + 1e-6
+    _, good = analysed("input_pipeline_good")
+    assert _rec(good, "GD-INPUT-STALL") is None
+
+
+@pytest.mark.parametrize("savings, expected", [
+    ([5.0e6, 1.0e6, 3.0e6], [0, 2, 1]),
+    ([1.1 ** 144 * 1.05, 1.1 ** 144 * 1.01], [0, 1]),  # one step of the log scale: RULES order
+    ([1.1 ** 144 * 1.09, 1.1 ** 145 * 1.01], [1, 0]),
+    ([0.0, 0.5], [0, 1]),  # under 1 ns: both count as 1 ns, RULES order
+    ([0.0, 2.0], [1, 0]),
+    ([None, 5.0], [1, 0]),
+])
+def test_rank_is_by_saving_in_steps_of_ten_percent_then_rule_order(savings, expected):
+    recs = [{"rule": f"r{i}", "saving_ns_per_step": s} for i, s in enumerate(savings)]
+    order = {f"r{i}": i for i in range(len(savings))}
+    assert [int(r["rule"][1:]) for r in registry.rank(recs, order)] == expected
+
+
+def test_rules_under_the_silent_share_are_suppressed_and_said_why(analysed):
+    """A rule with an estimated saving under 0.5 % of the step goes to ``suppressed`` with its
+    reason; every shown estimated saving is at least that share."""
+    for name in ("rmsnorm_train", "towers_inference", "zoo_vit", "input_pipeline_bad"):
+        _, report = analysed(name)
+        step = report["steps"]["step_time_ns"]["mean"]
+        for rec in report["recommendations"]:
+            assert not rec["saving_estimated"] or rec["saving_ns_per_step"] >= registry.SILENT_SHARE * step
+        for rec in report["suppressed"]:
+            if rec["rule_id"] is not None:
+                assert rec["saving_ns_per_step"] < registry.SILENT_SHARE * step
+                assert f"{rec['saving_ns_per_step'] / 1e6:.3f} ms/step, under 0.5% of the step" in rec["suppressed_because"]
