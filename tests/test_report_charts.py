@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpudiag.reports import html
+from gpudiag.reports import html, units
+from gpudiag.reports.labels import shorten
 
 TRIALS_REPORT = Path(__file__).parent / "fixtures" / "trials" / "convnext_h100" / "report.json.xz"
 PAYLOAD = "<b>x</b>"
@@ -100,7 +101,20 @@ def test_roofline_points_and_roofs_follow_the_device(analysed):
         sizes = _values({"v": sizes}, "v") if isinstance(sizes, dict) else sizes
         assert sizes == pytest.approx([6 + 30 * math.sqrt(p["time_ns_per_step"] / biggest) for p in mine], rel=1e-12)
         assert trace["marker"]["color"] == html.CLASS_COLORS[trace["name"]]
-        assert all(t.endswith(f"| evidence {p['evidence']}") for t, p in zip(trace["hovertext"], mine))
+        assert trace["mode"] == "markers"
+        for text, p in zip(trace["hovertext"], mine):
+            assert html_lib.unescape(text) == (
+                f"{shorten(p['label'], 80)} | AI {p['intensity_flop_per_byte']:.3g} FLOP/byte | "
+                f"{p['achieved_flop_per_s'] / 1e12:.3g} TFLOP/s, {p['achieved_bytes_per_s'] / 1e9:.3g} GB/s | "
+                f"{units.fmt_ns(p['time_ns_per_step'])}/step | {p['math_path']} | evidence {p['evidence']}")
+
+
+def test_the_roofs_reach_at_least_1000_flop_per_byte(analysed):
+    """With every point at low intensity, the roofs still run to 1000 FLOP/byte (past every ridge)."""
+    _, report = analysed("rmsnorm_train")
+    low = [{**p, "intensity_flop_per_byte": min(p["intensity_flop_per_byte"], 10.0)} for p in report["roofline_points"]]
+    roofs = [t for t in _traces(html.roofline_chart({**report, "roofline_points": low})) if t["name"].startswith("roof ")]
+    assert roofs and all(_values(t, "x")[-1] == 1e3 for t in roofs)
 
 
 def test_no_roofline_without_points_or_bandwidth(analysed):
