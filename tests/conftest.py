@@ -86,6 +86,13 @@ def ncu_path(tmp_path_factory):
     return _decompressing(tmp_path_factory.mktemp("ncu"), NCU_REPORTS, ".ncu-rep")
 
 
+def _mutation_run() -> bool:
+    """Under mutmut (scripts/mutation.sh): every test analyses its capture itself. mutmut learns
+    which tests reach a function by running them once; with the session's cache only the first test
+    of a capture would be seen to reach the analysis, and the others would never run on a mutant."""
+    return bool(os.environ.get("MUTANT_UNDER_TEST"))
+
+
 @pytest.fixture(scope="session")
 def analysed(export_path, tmp_path_factory):
     """Function name -> (run database, report dict) of the analysed capture (cached)."""
@@ -93,7 +100,7 @@ def analysed(export_path, tmp_path_factory):
     cache: dict[str, tuple] = {}
 
     def get(name: str):
-        if name not in cache:
+        if name not in cache or _mutation_run():
             db = ingest(export_path(name), folder / f"{name}.run.sqlite")
             cache[name] = (db, analyse(db, status=status_of(name)))
         return cache[name]
@@ -108,7 +115,7 @@ def analysed_with_ncu(export_path, ncu_path, tmp_path_factory):
     cache: dict[str, tuple] = {}
 
     def get(name: str):
-        if name not in cache:
+        if name not in cache or _mutation_run():
             db = ingest(export_path(name), folder / f"{name}.run.sqlite", ncu_path=ncu_path(name))
             cache[name] = (db, analyse(db, status=status_of(name)))
         return cache[name]
