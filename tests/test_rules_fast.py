@@ -138,3 +138,36 @@ def test_rules_under_the_silent_share_are_suppressed_and_said_why(analysed):
             if rec["rule_id"] is not None:
                 assert rec["saving_ns_per_step"] < registry.SILENT_SHARE * step
                 assert f"{rec['saving_ns_per_step'] / 1e6:.3f} ms/step, under 0.5% of the step" in rec["suppressed_because"]
+
+
+@pytest.mark.parametrize("op, payload, expected", [
+    ("aten::add", {"in": ["float32[4]@a", "float32[4]@b"], "out": "float32[4]@c"}, ({"a", "b"}, {"c"}, set())),
+    ("aten::add_", {"in": ["float32[4]@a", "float32[4]@b"], "out": "float32[4]@a"}, ({"a", "b"}, set(), {"a"})),
+    ("aten::cat", {"in": [["float32[4]@a", "float32[4]@b"], 0], "out": "float32[8]@c"}, ({"a", "b"}, {"c"}, set())),
+    ("aten::copy_", {"in": ["float32[4]@d", "float32[4]@e"], "out": None}, ({"d", "e"}, set(), {"d"})),
+])
+def test_multi_stream_reads_fresh_outputs_and_in_place_writes(op, payload, expected):
+    """The multi-stream rule's data dependencies: an in-place op (trailing underscore) writes its
+    first argument, which is then not a fresh output."""
+    from gpudiag.analysis.rules.kernels import _access
+
+    assert _access(json.dumps({"op": op, **payload}), op) == expected
+    assert _access("not json", op) == (set(), set(), set())
+
+
+def test_evidence_lines_are_the_kernels_with_most_time(analysed):
+    """top_evidence: the k kernel names with most time, as 'label: µs/step (launches)'."""
+    from gpudiag.analysis.attribution.families import kernel_label
+    from gpudiag.analysis.rules.base import top_evidence
+
+    db, _ = analysed("rmsnorm_train")
+    k, n = _measured_kernels(db)
+    names = pd.read_sql_query("SELECT kernel_id, name, short_name FROM kernels", db.conn)
+    k = k.merge(names, on="kernel_id")
+    lines = top_evidence(k, n)
+    totals = k.groupby("name")["duration_ns"].agg(["sum", "size"]).sort_values("sum", ascending=False).head(3)
+    assert len(lines) == 3 and len(top_evidence(k, n, 2)) == 2
+    for line, (name, row) in zip(lines, totals.iterrows()):
+        short = k.loc[k["name"] == name, "short_name"].iloc[0]
+        assert line.startswith(kernel_label(name, short))
+        assert line.endswith(f": {row['sum'] / n / 1e3:.0f} µs/step ({row['size'] / n:.0f} launches)")
