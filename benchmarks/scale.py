@@ -11,6 +11,11 @@ the file and writes its cache beside it, so each run starts cold).
 
     python benchmarks/scale.py --work /tmp/scale --nsys-ai /path/to/venv/bin/nsys-ai --json scale.json
 
+Two kinds of export (``--kinds``): ``gpudiag``, the capture as ``gpudiag profile`` made it (step,
+phase, module and op ranges), and ``foreign``, the same with every ``gpudiag:`` NVTX range deleted,
+as a plain ``nsys profile`` of the script would be (the whole capture is then one step; the check
+is every kernel counted once).
+
 docs/scale.md has the results and the exact set-up.
 """
 
@@ -31,7 +36,7 @@ from gpudiag.sources.replicate import replicate_export
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "examples" / "gpt2_train_bf16.sqlite.xz"
-SIZES = {"0.1M": 100_000, "1M": 1_000_000, "5M": 5_000_000}
+SIZES = {"0.02M": 20_000, "0.1M": 100_000, "1M": 1_000_000, "5M": 5_000_000}
 
 
 def timed(cmd: list[str], cwd: Path, log: Path) -> dict:
@@ -69,6 +74,25 @@ def check(report: dict, original: dict, copies: int) -> dict:
     return {"steps": report["steps"]["count"], **{k: v for k, v in got.items() if k != "kernel_ns_per_step"}}
 
 
+def make_foreign(export: Path) -> int:
+    """Delete gpudiag's NVTX ranges from ``export`` in place (a plain nsys export of the same run);
+    returns how many rows went."""
+    with sqlite3.connect(export) as conn:
+        gone = conn.execute("DELETE FROM NVTX_EVENTS WHERE COALESCE(text, (SELECT value FROM StringIds "
+                            "WHERE id = NVTX_EVENTS.textId)) LIKE 'gpudiag:%'").rowcount
+    with sqlite3.connect(export) as conn:
+        conn.execute("VACUUM")
+    return gone
+
+
+def check_foreign(report: dict, kernels: int) -> dict:
+    """Raises SystemExit unless the foreign export's report counts every kernel once."""
+    counted = sum(s["kernels"] for s in report["steps"]["per_step"])
+    if counted != kernels:
+        raise SystemExit(f"the foreign export's report counts {counted} kernels, not {kernels}")
+    return {"steps": report["steps"]["count"], "kernels": counted}
+
+
 def nsys_ai(tool: str, export: Path, work: Path, log: Path) -> dict:
     """``nsys-ai diagnose`` (its default skill pack, findings JSON) on a fresh copy of ``export``."""
     folder = work / "nsys-ai"
@@ -81,12 +105,34 @@ def nsys_ai(tool: str, export: Path, work: Path, log: Path) -> dict:
     return run
 
 
+def run_size(args, label: str, kind: str, per_copy: int, original: dict) -> dict:
+    """Build one export of ``label``'s size and ``kind``, time gpudiag (and nsys-ai) on it, check it."""
+    copies = round(SIZES[label] / per_copy)
+    export = args.work / f"gpt2_x{copies}_{kind}.sqlite"
+    t = time.perf_counter()
+    replica = replicate_export(SOURCE, export, copies)
+    removed = make_foreign(export) if kind == "foreign" else 0
+    built = time.perf_counter() - t
+    name = f"{label}-{kind}"
+    run, report = gpudiag_report(export, args.work / f"report-{name}", args.work / f"gpudiag-{name}.log")
+    kernels = replica.rows["CUPTI_ACTIVITY_KIND_KERNEL"]
+    row = {"size": label, "kind": kind, "copies": copies, "kernels": kernels, "rows": replica.rows,
+           "nvtx_rows_removed": removed, "file_bytes": export.stat().st_size, "build_s": round(built, 1),
+           "check": check_foreign(report, kernels) if kind == "foreign" else check(report, original, copies),
+           "gpudiag": run}
+    if args.nsys_ai:
+        row["nsys_ai"] = nsys_ai(args.nsys_ai, export, args.work, args.work / f"nsys-ai-{name}.log")
+    export.unlink()
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, required=True, help="folder for the exports (5 M kernels: about 3 GB)")
-    ap.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, of " + ", ".join(SIZES))
+    ap.add_argument("--sizes", default="0.1M,1M,5M", help="comma-separated, of " + ", ".join(SIZES))
     ap.add_argument("--nsys-ai", help="nsys-ai executable to compare with (its own virtual environment)")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--kinds", default="gpudiag", help="comma-separated, of gpudiag, foreign (see above)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     original_db = args.work / "original.sqlite"
@@ -97,20 +143,10 @@ def main() -> None:
     results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
                "source": SOURCE.name, "kernels_per_copy": per_copy, "sizes": []}
     for label in args.sizes.split(","):
-        copies = round(SIZES[label] / per_copy)
-        export = args.work / f"gpt2_x{copies}.sqlite"
-        t = time.perf_counter()
-        replica = replicate_export(SOURCE, export, copies)
-        built = time.perf_counter() - t
-        run, report = gpudiag_report(export, args.work / f"report-{label}", args.work / f"gpudiag-{label}.log")
-        row = {"size": label, "copies": copies, "kernels": replica.rows["CUPTI_ACTIVITY_KIND_KERNEL"],
-               "rows": replica.rows, "file_bytes": export.stat().st_size, "build_s": round(built, 1),
-               "check": check(report, original, copies), "gpudiag": run}
-        if args.nsys_ai:
-            row["nsys_ai"] = nsys_ai(args.nsys_ai, export, args.work, args.work / f"nsys-ai-{label}.log")
-        print(json.dumps(row), flush=True)
-        results["sizes"].append(row)
-        export.unlink()
+        for kind in args.kinds.split(","):
+            row = run_size(args, label, kind, per_copy, original)
+            print(json.dumps(row), flush=True)
+            results["sizes"].append(row)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 
