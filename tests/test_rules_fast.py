@@ -171,3 +171,13 @@ def test_evidence_lines_are_the_kernels_with_most_time(analysed):
         short = k.loc[k["name"] == name, "short_name"].iloc[0]
         assert line.startswith(kernel_label(name, short))
         assert line.endswith(f": {row['sum'] / n / 1e3:.0f} µs/step ({row['size'] / n:.0f} launches)")
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_train", "towers_inference", "zoo_vit", "input_pipeline_bad",
+                                  "zoo_resnet50", "gpt2_train_bf16", "mlp_chain_b4096"])
+def test_no_rule_fails_on_a_real_capture(name, analysed):
+    """A rule that raises is listed in ``suppressed`` so the report survives; on real captures none
+    may (that would hide a rule's advice)."""
+    _, report = analysed(name)
+    failed = [r["suppressed_because"] for r in report["suppressed"] if r["rule_id"] is None]
+    assert failed == []
