@@ -29,7 +29,7 @@ from gpudiag.analysis.attribution.compiled import attribute_compiled, measured_s
 from gpudiag.analysis.attribution.families import COMMUNICATION, families
 from gpudiag.analysis.attribution.ranges import Steps, attribute, find_steps, op_call_payloads
 from gpudiag.analysis.ingest import Tables, read_tables
-from gpudiag.analysis.ranks import comm, processes
+from gpudiag.analysis.ranks import comm, engine, processes
 from gpudiag.analysis.report import invariants, sections, tables
 from gpudiag.analysis.report.bare_run import apply_bare_run
 from gpudiag.analysis.report.findings import RuleInputs, findings
@@ -43,7 +43,8 @@ from gpudiag.analysis.steps.timeline import idle_intervals, launch_stats, stream
 
 def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | None = None,
             status: dict | None = None, top: int = 20, calibration: dict | None = None,
-            process: int | None = None, rank_workers: int | None = None) -> dict:
+            process: int | None = None, rank_workers: int | None = None,
+            ranks_engine: engine.RankEngine | None = None) -> dict:
     """Analyse the run database ``db``; returns report.json's content (see module docstring).
 
     Writes ``kernel_attribution``, ``kernel_class`` and ``steps`` tables back into ``db``.
@@ -51,7 +52,10 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     regular expression (or ``process``, a ``global_pid``, launched no kernel). ``process`` restricts
     the analysis to that process. Without it, an export of several processes is reported for the
     one with the most kernel time (with a warning), and report.json's ``ranks`` compares every
-    process, each analysed in a pool of ``rank_workers`` processes (:mod:`gpudiag.analysis.ranks.processes`). ``calibration`` (a ``gpudiag calibrate`` entry of the same GPU)
+    process, each analysed where ``ranks_engine`` says (:mod:`gpudiag.analysis.ranks.engine`: Dask,
+    a local cluster or a scheduler's), without it in a pool of ``rank_workers`` processes
+    (:mod:`gpudiag.analysis.ranks.processes`); raises :class:`gpudiag.analysis.ranks.engine.EngineError`
+    when the engine asked for cannot be used. ``calibration`` (a ``gpudiag calibrate`` entry of the same GPU)
     replaces datasheet peaks with measured ones."""
     meta = store.read_meta(db)
     warnings: list[str] = []
@@ -135,7 +139,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     if procs is not None:  # every process analysed on its own (the main one again: a plain function of the file)
         options = {"warmup_steps": warmup_steps, "steps_from": steps_from, "status": launcher_status, "top": top,
                    "calibration": calibration}
-        report["ranks"] = _ranks(db, procs, options, launcher_status, rank_workers)
+        report["ranks"] = _ranks(db, procs, options, launcher_status,
+                                 ranks_engine or engine.RankEngine(workers=rank_workers, dask=False))
     return report
 
 
@@ -160,11 +165,11 @@ def _attribute(t: Tables, steps: Steps, status: dict | None, warnings: list[str]
 
 
 def _ranks(db: sqlite_utils.Database, procs: pd.DataFrame, options: dict, status: dict | None,
-           rank_workers: int | None) -> dict:
-    """report.json's ``ranks``: every process of ``procs`` analysed on its own with ``options``."""
+           ranks_engine: engine.RankEngine) -> dict:
+    """report.json's ``ranks``: every process of ``procs`` analysed on its own with ``options``,
+    where ``ranks_engine`` says (workers read the run database's file: it is committed first)."""
     db.conn.commit()
     path = processes.database_file(db)
     # analyse is passed in: the ranks stage never imports the pipeline (no import cycle)
-    reports = (processes.analyse_processes(path, procs["global_pid"].tolist(), options, rank_workers, analyse)
-               if path else {})
+    reports = engine.analyse_ranks(path, procs["global_pid"].tolist(), options, ranks_engine, analyse) if path else {}
     return processes.merged_view(procs, reports, status)
