@@ -51,7 +51,7 @@ def one_process(t: Tables, process: int | None, warnings: list[str]) -> tuple[Ta
     kernel_ns_by_pid = t.kernels.groupby("global_pid")["duration_ns"].sum()
     procs = processes(t.kernels) if len(kernel_ns_by_pid) > 1 and process is None else None
     if process is not None and process not in kernel_ns_by_pid.index:
-        raise AnalysisError(f"process {os_pid(process)} (globalPid {process}) launched no kernel in this export")
+        raise no_kernel(process)
     if len(kernel_ns_by_pid) <= 1:
         return t, procs
     pid = process
@@ -64,6 +64,11 @@ def one_process(t: Tables, process: int | None, warnings: list[str]) -> tuple[Ta
     return t._replace(kernels=t.kernels[t.kernels["global_pid"] == pid].reset_index(drop=True),
                       **{name: df[df["global_pid"] == pid].reset_index(drop=True) if not df.empty else df
                          for name, df in own.items()}), procs
+
+
+def no_kernel(global_pid: int) -> AnalysisError:
+    """The error of asking for a process that launched no kernel."""
+    return AnalysisError(f"process {os_pid(global_pid)} (globalPid {global_pid}) launched no kernel in this export")
 
 
 def main_process(kernels: pd.DataFrame, kernel_ns_by_pid: pd.Series) -> tuple[int, str]:
@@ -89,7 +94,8 @@ def analyse_process(run_db: str, global_pid: int, options: dict, analyse: Callab
     (:func:`gpudiag.analysis.pipeline.analyse`, passed in so that this stage does not import the
     pipeline) with the keyword arguments ``options``. The file is only read: the analysis runs on
     an in-memory copy of this process's rows (:func:`process_copy`), so its memory is one rank's,
-    whatever the number of ranks. Raises AnalysisError as ``analyse`` does."""
+    whatever the number of ranks. Raises AnalysisError as ``analyse`` does (also for a process that
+    launched no kernel)."""
     return analyse(sqlite_utils.Database(process_copy(run_db, int(global_pid))), process=int(global_pid), **options)
 
 
@@ -103,10 +109,13 @@ def process_copy(run_db: str, global_pid: int) -> sqlite3.Connection:
     process's communication kernels (the transfer/wait split pairs one collective's kernels across
     ranks: :func:`gpudiag.analysis.ranks.comm.peer_transfer_ns` reads nothing else), and the other
     tables whole (less :data:`DERIVED_TABLES`). Rows keep their order. The analysis of that copy
-    with ``process=global_pid`` reads the same frames as on the whole file."""
+    with ``process=global_pid`` reads the same frames as on the whole file. Raises AnalysisError
+    when that process launched no kernel."""
     mem = sqlite3.connect(":memory:")
     src = sqlite3.connect(f"file:{run_db}?mode=ro", uri=True)
     try:
+        if src.execute("SELECT 1 FROM kernels WHERE global_pid = ? LIMIT 1", (global_pid,)).fetchone() is None:
+            raise no_kernel(global_pid)
         comm_names = _communication_names(src)
         for name, sql in src.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall():
             if name in DERIVED_TABLES or name.startswith("sqlite_"):
