@@ -58,6 +58,7 @@ def real_ranks(source: Path, folder: Path) -> list[Path]:
                 elif "globalTid" in cols:
                     conn.execute(f'DELETE FROM "{table}" WHERE globalTid IS NOT NULL AND (globalTid & ?) != ?',
                                  (PID_MASK, pid))
+        with sqlite3.connect(target, isolation_level=None) as conn:
             conn.execute("VACUUM")
         out.append(target)
     whole.unlink()
