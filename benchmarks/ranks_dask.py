@@ -2,15 +2,24 @@
 with injected stragglers, ingested into one run database and analysed on a local
 ``dask.distributed`` cluster (or ``--scheduler``'s):
 
-    python benchmarks/ranks_dask.py [--ranks 64] [--stragglers 3] [--stretch 1.3] [--workers 2]
-                                    [--worker-memory 4GiB] [--scheduler ADDRESS] [--source EXPORT]
+    python benchmarks/ranks_dask.py [--ranks 64] [--stragglers 3] [--stretch 1.3] [--inject stretch|late]
+                                    [--workers 2] [--worker-memory 4GiB] [--scheduler ADDRESS] [--source EXPORT]
 
 The job: tests/fixtures/nccl/gpt_ddp_shm (GPT DDP, 2 ranks on 2 H100s, one export of 2 processes).
 Rank ``r`` is a copy of real rank ``r % 2`` in an export of its own (the other process's rows
 deleted), with its OS pid moved by ``1000 * r`` and its timestamps by ``r`` µs (its collectives
-still overlap the others'). A straggler is a copy whose whole timeline (kernels, API calls, NVTX
-ranges) is stretched by ``--stretch`` about the capture's start, as tests/multi_gpu_exports.py's
-``two_ranks`` does: its steps take that much longer. Prints the wall times (ingest, analysis), the
+still overlap the others'). Two ways to inject a straggler:
+
+- ``--inject stretch`` (default): its whole timeline (kernels, API calls, NVTX ranges) is stretched
+  by ``--stretch`` about the capture's start, as tests/multi_gpu_exports.py's ``two_ranks`` does:
+  its steps take that much longer (found by the ranks table's median step). Its collectives then
+  no longer line up with the others', which a real synchronous job would not allow.
+- ``--inject late``: it arrives late at every collective, as a rank whose compute before the
+  collective is slower does in a real job: each of its NCCL kernels starts ``--stretch - 1`` of
+  the kernel's duration later and ends as before (the others wait for it; steps stay in lockstep),
+  found by the collectives' waits (the report's ``slowest``).
+
+Prints the wall times (ingest, analysis), the
 peak RSS of each Dask worker process and of this (driver) process, and whether the injected
 stragglers are the ranks the report finds slowest.
 """
@@ -70,8 +79,9 @@ def _tables(conn: sqlite3.Connection) -> list[tuple[str, set[str]]]:
     return [(n, {c[1] for c in conn.execute(f'PRAGMA table_info("{n}")')}) for n in names]
 
 
-def replica(real: Path, target: Path, rank: int, stretch: float) -> Path:
-    """``real`` as rank ``rank``: OS pid + 1000 * rank, timestamps + rank µs, stretched by ``stretch``."""
+def replica(real: Path, target: Path, rank: int, stretch: float, late: float = 0.0) -> Path:
+    """``real`` as rank ``rank``: OS pid + 1000 * rank, timestamps + rank µs, stretched by ``stretch``;
+    each NCCL kernel starting ``late`` of its duration later."""
     shutil.copyfile(real, target)
     pid_delta, shift = (1000 * rank) << 24, 1000 * rank
     with sqlite3.connect(target) as conn:
@@ -84,6 +94,9 @@ def replica(real: Path, target: Path, rank: int, stretch: float) -> Path:
                      if c in cols]
             if sets:
                 conn.execute(f'UPDATE "{table}" SET {", ".join(sets)}')
+        if late:
+            conn.execute(f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = start + CAST((("end" - start) * {late}) AS INTEGER) '
+                         "WHERE demangledName IN (SELECT id FROM StringIds WHERE value LIKE 'nccl%')")
     return target
 
 
@@ -101,7 +114,9 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
     reals = real_ranks(Path(args.source), folder)
     slow = straggler_ranks(args.ranks, args.stragglers)
     t = time.perf_counter()
-    exports = [replica(reals[r % len(reals)], folder / f"rank{r:03d}.sqlite", r, args.stretch if r in slow else 1.0)
+    stretch = lambda r: args.stretch if r in slow and args.inject == "stretch" else 1.0  # noqa: E731
+    late = lambda r: args.stretch - 1.0 if r in slow and args.inject == "late" else 0.0  # noqa: E731
+    exports = [replica(reals[r % len(reals)], folder / f"rank{r:03d}.sqlite", r, stretch(r), late(r))
                for r in range(args.ranks)]
     made_s = time.perf_counter() - t
     from distributed import Client, LocalCluster
@@ -125,11 +140,13 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
     rows = report["ranks"]["ranks"]
     order = [r["pid"] for r in sorted(rows, key=lambda r: -(r["step_time_ns_median"] or 0))]
     pid_rank = {r["pid"]: i for i, r in enumerate(sorted(rows, key=lambda r: r["global_pid"]))}  # file order = rank
-    found = sorted(pid_rank[p] for p in order[:len(slow)])
+    by_step = sorted(pid_rank[p] for p in order[:len(slow)])
+    named = pid_rank.get(report["ranks"]["slowest"]["pid"]) if report["ranks"]["slowest"] else None
     errors = [r for r in rows if r.get("error")]
     return {"ranks": args.ranks, "workers": len(workers), "worker_memory_limit": args.worker_memory,
-            "injected_stragglers": slow, "slowest_by_median_step": found, "stragglers_found": found == slow,
-            "report_slowest_rank": pid_rank.get(report["ranks"]["slowest"]["pid"]) if report["ranks"]["slowest"] else None,
+            "inject": args.inject, "injected_stragglers": slow, "slowest_by_median_step": by_step,
+            "stragglers_found": by_step == slow if args.inject == "stretch" else named in slow,
+            "report_slowest_rank": named,
             "slowest_text": (report["ranks"]["slowest"] or {}).get("text"),
             "rank_errors": len(errors), "make_exports_s": round(made_s, 1), "ingest_s": round(ingest_s, 1),
             "analyse_s": round(analyse_s, 1),
@@ -142,6 +159,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--stragglers", type=int, default=3)
     parser.add_argument("--stretch", type=float, default=1.3)
+    parser.add_argument("--inject", choices=("stretch", "late"), default="stretch")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--worker-memory", default="4GiB")
     parser.add_argument("--scheduler", default=None, help="a running scheduler's address [default: a local cluster]")
