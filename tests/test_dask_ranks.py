@@ -23,6 +23,7 @@ from distributed import Client, LocalCluster
 from multi_gpu_exports import split_ranks
 
 from gpudiag.analysis.ingest import FILE_SHIFT, ingest_many
+from gpudiag.analysis.ranks.comm import TRANSFER_TABLE
 from gpudiag.analysis.ranks.processes import os_pid, process_copy
 from gpudiag.cli.main import cli
 from gpudiag.cli.options import AnalysisOptions
@@ -90,6 +91,12 @@ def test_rank_exports_as_files_on_the_scheduler(cluster, pool_report, rank_expor
     assert _without_global_pid(report["ranks"]) == _without_global_pid(pool_report["ranks"])
     assert report["steps"] == pool_report["steps"]
     assert report["communication"] == pool_report["communication"]
+    # the pairing stored by the job's analysis: a rank's copy holds its own kernels only
+    run_db = tmp_path / "out" / "run.sqlite"
+    pid = report["ranks"]["ranks"][1]["global_pid"]
+    copy = process_copy(str(run_db), pid)
+    assert copy.execute("SELECT COUNT(DISTINCT global_pid) FROM kernels").fetchone()[0] == 1
+    assert copy.execute(f"SELECT COUNT(*) FROM {TRANSFER_TABLE}").fetchone()[0] > 0
 
 
 def test_a_folder_and_a_glob_give_the_same_ranks(cluster, rank_exports, pool_report, tmp_path):
@@ -141,8 +148,8 @@ def test_exports_that_reuse_a_pid_stay_distinct_ranks(rank_exports, tmp_path):
 
 
 def test_a_ranks_copy_holds_its_rows_and_the_collectives(rank_exports, tmp_path):
-    """The in-memory copy a worker analyses: one process's rows, plus the other ranks' collective
-    kernels only (what the transfer/wait split pairs)."""
+    """The in-memory copy a worker analyses, of a run database without the stored pairing: one
+    process's rows, plus the other ranks' collective kernels only (what the transfer/wait split pairs)."""
     db = ingest_many(rank_exports, tmp_path / "run.sqlite")
     db.conn.close()
     run = sqlite3.connect(tmp_path / "run.sqlite")

@@ -60,7 +60,11 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     meta = store.read_meta(db)
     warnings: list[str] = []
     # 1. ingest: the run database's frames, of one process
-    t, procs = processes.one_process(_load(db, meta, warnings), process, warnings)
+    loaded = _load(db, meta, warnings)
+    t, procs = processes.one_process(loaded, process, warnings)
+    # the collectives' transfer parts, paired across every rank: stored for the ranks' own analyses
+    paired = loaded.kernels.loc[loaded.kernels["transfer_ns"].notna(), ["kernel_id", "transfer_ns"]] if procs is not None else None
+    del loaded
     launcher_status, status = status, processes.status_of_process(status, t.kernels["global_pid"])
     dev = peaks.main_device(t.kernels, t.devices, warnings)
     # 2. attribution
@@ -139,6 +143,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     if procs is not None:  # every process analysed on its own (the main one again: a plain function of the file)
         options = {"warmup_steps": warmup_steps, "steps_from": steps_from, "status": launcher_status, "top": top,
                    "calibration": calibration}
+        store.write_table(db, comm.TRANSFER_TABLE, paired)
         report["ranks"] = _ranks(db, procs, options, launcher_status,
                                  ranks_engine or engine.RankEngine(workers=rank_workers, dask=False))
     return report
@@ -146,8 +151,14 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
 
 def _load(db: sqlite_utils.Database, meta: dict, warnings: list[str]) -> Tables:
     """The run database's frames (:func:`gpudiag.analysis.ingest.read_tables`), each collective
-    kernel with its transfer part (``transfer_ns``)."""
+    kernel with its transfer part (``transfer_ns``): paired across the ranks here, or read from
+    :data:`comm.TRANSFER_TABLE` where an analysis of every rank stored them (a rank's own analysis,
+    whose copy of the run database holds its own kernels only)."""
     t = read_tables(db, meta, warnings)
+    stored = store.read_table(db, comm.TRANSFER_TABLE)
+    if not stored.empty:
+        t.kernels["transfer_ns"] = t.kernels["kernel_id"].map(stored.set_index("kernel_id")["transfer_ns"]).astype(float)
+        return t
     # before one process is kept: a collective's transfer part needs every rank's kernels (comm module doc)
     t.kernels["transfer_ns"] = comm.peer_transfer_ns(t.kernels, (families(t.kernels["name"]) == COMMUNICATION).to_numpy())
     return t

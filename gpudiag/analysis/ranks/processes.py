@@ -25,6 +25,7 @@ import sqlite_utils
 from gpudiag.analysis.attribution.families import COMMUNICATION, families
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.ingest import Tables
+from gpudiag.analysis.ranks.comm import TRANSFER_TABLE
 
 
 def os_pid(global_pid: int) -> int:
@@ -105,18 +106,21 @@ DERIVED_TABLES = ("kernel_attribution", "kernel_class", "steps")
 
 def process_copy(run_db: str, global_pid: int) -> sqlite3.Connection:
     """An in-memory copy of the run database file ``run_db`` holding, of every table with a
-    ``global_pid`` column, the rows of process ``global_pid`` only; of ``kernels`` also every other
-    process's communication kernels (the transfer/wait split pairs one collective's kernels across
-    ranks: :func:`gpudiag.analysis.ranks.comm.peer_transfer_ns` reads nothing else), and the other
-    tables whole (less :data:`DERIVED_TABLES`). Rows keep their order. The analysis of that copy
-    with ``process=global_pid`` reads the same frames as on the whole file. Raises AnalysisError
-    when that process launched no kernel."""
+    ``global_pid`` column, the rows of process ``global_pid`` only, and the other tables whole (less
+    :data:`DERIVED_TABLES`). The transfer/wait split pairs one collective's kernels across ranks:
+    where the file holds the pairing (:data:`gpudiag.analysis.ranks.comm.TRANSFER_TABLE`, written
+    by the analysis of every rank) the copy has it; else ``kernels`` also keeps every other
+    process's communication kernels (:func:`gpudiag.analysis.ranks.comm.peer_transfer_ns` reads
+    nothing else). Rows keep their order. The analysis of that copy with ``process=global_pid``
+    reads the same frames as on the whole file. Raises AnalysisError when that process launched no
+    kernel."""
     mem = sqlite3.connect(":memory:")
     src = sqlite3.connect(f"file:{run_db}?mode=ro", uri=True)
     try:
         if src.execute("SELECT 1 FROM kernels WHERE global_pid = ? LIMIT 1", (global_pid,)).fetchone() is None:
             raise no_kernel(global_pid)
-        comm_names = _communication_names(src)
+        tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        comm_names = [] if TRANSFER_TABLE in tables else _communication_names(src)
         for name, sql in src.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall():
             if name in DERIVED_TABLES or name.startswith("sqlite_"):
                 continue
