@@ -89,6 +89,25 @@ def _result(future) -> dict:
         return {"error": f"its Dask worker died ({exc}): raise --worker-memory, or analyse fewer ranks per worker"}
 
 
+def _probe(address: str) -> None:
+    """Raises :class:`EngineError` (one line naming ``address``) unless something answers Dask's
+    protocol there within :data:`CONNECT_TIMEOUT_S` seconds."""
+    import asyncio
+
+    from distributed.comm import connect
+
+    async def knock() -> None:
+        comm = await connect(address, timeout=f"{CONNECT_TIMEOUT_S}s")
+        await comm.close()
+
+    try:
+        asyncio.run(knock())
+    except (OSError, TimeoutError, ValueError, TypeError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else "no detail"
+        raise EngineError(f"--scheduler {address}: no Dask scheduler answered there ({type(exc).__name__}: {detail}); "
+                          "start one (dask scheduler) or pass its tcp://HOST:PORT") from None
+
+
 class _client:
     """A ``dask.distributed.Client``, to ``engine.scheduler`` or to a local cluster started for
     ``ranks`` ranks; closes what it opened (a context manager)."""
@@ -100,12 +119,8 @@ class _client:
             raise EngineError(f"--scheduler needs Dask, which is not installed: {INSTALL}") from None
         self.cluster = None
         if engine.scheduler:
-            try:
-                self.client = Client(engine.scheduler, timeout=f"{CONNECT_TIMEOUT_S}s")
-            except (OSError, TimeoutError, ValueError, TypeError) as exc:
-                raise EngineError(f"--scheduler {engine.scheduler}: no Dask scheduler answered there "
-                                  f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}); "
-                                  "start one (dask scheduler) or pass its tcp://HOST:PORT") from None
+            _probe(engine.scheduler)  # a Client that fails to connect hangs and complains when collected
+            self.client = Client(engine.scheduler, timeout=f"{CONNECT_TIMEOUT_S}s")
             return
         self.cluster = LocalCluster(n_workers=local_workers(ranks, engine), threads_per_worker=1, processes=True,
                                     memory_limit=engine.worker_memory, dashboard_address=":0",
