@@ -59,7 +59,7 @@ def dask_installed() -> bool:
 def check_scheduler(address: str) -> None:
     """Raises :class:`EngineError` (one line: the fix) unless Dask is installed and a scheduler
     answers at ``address`` within :data:`CONNECT_TIMEOUT_S` seconds."""
-    with _client(RankEngine(scheduler=address), 1):
+    with _DaskClient(RankEngine(scheduler=address), 1):
         pass
 
 
@@ -73,7 +73,7 @@ def analyse_ranks(run_db: str, pids: list[int], options: dict, engine: RankEngin
     engine = engine or RankEngine()
     if not engine.scheduler and (not engine.dask or len(pids) <= 1 or not dask_installed()):
         return processes.analyse_processes(run_db, pids, options, engine.workers, analyse)
-    with _client(engine, len(pids)) as client:
+    with _DaskClient(engine, len(pids)) as client:
         futures = client.map(processes.analyse_one, [run_db] * len(pids), [int(p) for p in pids],
                              options=options, analyse=analyse, pure=False)
         return {int(p): _result(f) for p, f in zip(pids, futures)}
@@ -108,7 +108,7 @@ def _probe(address: str) -> None:
                           "start one (dask scheduler) or pass its tcp://HOST:PORT") from None
 
 
-class _client:
+class _DaskClient:
     """A ``dask.distributed.Client``, to ``engine.scheduler`` or to a local cluster started for
     ``ranks`` ranks; closes what it opened (a context manager)."""
 

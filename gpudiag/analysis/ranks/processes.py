@@ -3,9 +3,11 @@ process, and a merged view of the ranks side by side.
 
 The per-process analysis is a plain function of (run database file, process):
 :func:`analyse_process` copies that process's rows of the run database into memory (the analysis
-writes its tables back, and ranks must not overwrite each other's; one rank's rows bound its memory) and runs :func:`gpudiag.analysis.pipeline.analyse` on
-that process alone (the pipeline passes it in: this stage never imports the pipeline), so a process
-pool (here) or a cluster engine can map it over processes. The merged view (:func:`merged_view`) reads the per-rank reports only.
+writes its tables back, and ranks must not overwrite each other's; one rank's rows bound its
+memory) and runs :func:`gpudiag.analysis.pipeline.analyse` on that process alone (the pipeline
+passes it in: this stage never imports the pipeline), so a process pool (here) or a cluster engine
+(:mod:`gpudiag.analysis.ranks.engine`: Dask) can map it over processes. The merged view
+(:func:`merged_view`) reads the per-rank reports only.
 
 A rank is identified by its process (``global_pid``; the OS pid is bits 24..47) and the GPU that
 ran most of its kernel time; ``RANK``/``LOCAL_RANK`` come from the launcher's status where it
