@@ -129,6 +129,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
         t = time.perf_counter()
         db = ingest_many(exports, folder / "run.sqlite")
         ingest_s = time.perf_counter() - t
+        ingest_rss = peak_rss_bytes()
         t = time.perf_counter()
         report = analyse(db, ranks_engine=RankEngine(scheduler=address))
         analyse_s = time.perf_counter() - t
@@ -151,7 +152,8 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
             "rank_errors": len(errors), "make_exports_s": round(made_s, 1), "ingest_s": round(ingest_s, 1),
             "analyse_s": round(analyse_s, 1),
             "run_db_bytes": (folder / "run.sqlite").stat().st_size,
-            "worker_peak_rss_bytes": sorted(workers.values()), "driver_peak_rss_bytes": peak_rss_bytes()}
+            "worker_peak_rss_bytes": sorted(workers.values()), "driver_peak_rss_bytes": peak_rss_bytes(),
+            "driver_peak_rss_bytes_after_ingest": ingest_rss}
 
 
 def main() -> None:
