@@ -73,9 +73,9 @@ def analyse_ranks(run_db: str, pids: list[int], options: dict, engine: RankEngin
     engine = engine or RankEngine()
     if not engine.scheduler and (not engine.dask or len(pids) <= 1 or not dask_installed()):
         return processes.analyse_processes(run_db, pids, options, engine.workers, analyse)
-    from distributed import as_completed
+    with _DaskClient(engine, len(pids)) as client:  # EngineError first where Dask is missing
+        from distributed import as_completed
 
-    with _DaskClient(engine, len(pids)) as client:
         futures = client.map(processes.analyse_one, [run_db] * len(pids), [int(p) for p in pids],
                              options=options, analyse=analyse, pure=False)
         pid_of = {f.key: int(p) for p, f in zip(pids, futures)}
