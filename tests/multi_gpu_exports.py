@@ -103,3 +103,30 @@ def two_ranks(source: Path, target: Path, stretch: float = 1.0) -> Path:
             conn.execute(f'INSERT INTO "{table}" ({", ".join(chr(34) + c + chr(34) for c in cols)}) '
                          f'SELECT {", ".join(exprs)} FROM "{table}"')
     return target
+
+
+PID_MASK = 0xFFFFFFFFFF000000  # globalTid -> globalPid (nsys export documentation)
+
+
+def split_ranks(source: Path, folder: Path) -> list[Path]:
+    """One export per process of the several-process export ``source`` (.sqlite or .sqlite.xz), as
+    ``nsys profile`` run per rank would write them: ``folder``/rank<i>.sqlite, a copy of ``source``
+    without the rows of the other processes (every table with a ``globalPid`` or ``globalTid``
+    column; rows with neither kept). The copies keep the capture's clock (its start time)."""
+    whole = copy_export(source, folder / "whole.sqlite")
+    with sqlite3.connect(whole) as conn:
+        pids = [r[0] for r in conn.execute("SELECT DISTINCT globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY globalPid")]
+    out = []
+    for i, pid in enumerate(pids):
+        target = shutil.copyfile(whole, folder / f"rank{i}.sqlite")
+        with sqlite3.connect(target) as conn:
+            for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+                cols = {c[1] for c in conn.execute(f'PRAGMA table_info("{table}")')}
+                if "globalPid" in cols:
+                    conn.execute(f'DELETE FROM "{table}" WHERE globalPid IS NOT NULL AND globalPid != ?', (pid,))
+                elif "globalTid" in cols:
+                    conn.execute(f'DELETE FROM "{table}" WHERE globalTid IS NOT NULL AND (globalTid & ?) != ?',
+                                 (PID_MASK - (1 << 64), pid))
+        out.append(Path(target))
+    whole.unlink()
+    return out

@@ -17,7 +17,7 @@ import sqlite_utils
 from gpudiag import store
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.sources.ncu import read_ncu
-from gpudiag.sources.nsys_sqlite import read_export
+from gpudiag.sources.nsys_sqlite import read_export, session_start_ns
 
 
 def ingest(export_path: Path, db_path: Path, source_name: str | None = None,
@@ -39,6 +39,76 @@ def ingest(export_path: Path, db_path: Path, source_name: str | None = None,
                                                  "ncu_source": ncu_path.name if ncu_path else None,
                                                  "missing": export.missing, "environment": export.environment,
                                                  "dropped_rows": export.dropped, "rows_read": export.rows_read})
+
+
+# Several exports of one job (one per rank): each file's index is written into bits 52..62 of its
+# globalPid/globalTid. nsys keeps the thread id in bits 0..23, the OS pid in bits 24..47 and a
+# hardware id in bits 48.. (small: 1 in the exports seen); bits 0..51 are kept, so the OS pid reads
+# the same and two ranks that reused a pid on two machines (or one, in turn) stay two processes.
+FILE_SHIFT = 52
+MAX_FILES = 1 << (63 - FILE_SHIFT)  # the tag stays below int64's sign bit
+_ID_COLUMNS = ("global_pid", "global_tid")
+_TIME_COLUMNS = ("start_ns", "end_ns")
+
+
+def ingest_many(export_paths: list[Path], db_path: Path, source_name: str | None = None) -> sqlite_utils.Database:
+    """Read several nsys SQLite exports of one job (one per rank, as ``nsys profile`` run per rank
+    under torchrun writes them) into one run database at ``db_path``, as if one export held them all.
+
+    Process ids are made distinct per file: file ``i`` (in the order given) gets ``i`` in bits
+    52..62 of every ``global_pid``/``global_tid`` (:data:`FILE_SHIFT`; the OS pid, bits 24..47,
+    is kept). Timestamps (ns) are moved onto one clock: each file's by its capture's start
+    (``utcEpochNs``) less the earliest file's, so that one collective's kernels overlap across ranks
+    (the transfer/wait split pairs them). Correlation ids are per process, so they need no change;
+    ``kernel_id`` numbers the kernels of all files; the GPU list keeps one row per ``device_id``.
+    Raises :class:`ValueError` for more than :data:`MAX_FILES` files and
+    :class:`gpudiag.sources.nsys_sqlite.ExportError` for a file that is not an export."""
+    if len(export_paths) > MAX_FILES:
+        raise ValueError(f"{len(export_paths)} exports: at most {MAX_FILES} can be analysed together")
+    starts = [session_start_ns(p) for p in export_paths]
+    origin = min((s for s in starts if s is not None), default=None)
+    parts = [_tagged(read_export(p), i, (s - origin) if s is not None and origin is not None else 0)
+             for i, (p, s) in enumerate(zip(export_paths, starts))]
+    tables = {name: pd.concat([t[name] for t in parts if not t[name].empty] or [parts[0][name]], ignore_index=True)
+              for name in store.EXPORT_TABLES}
+    tables["devices"] = tables["devices"].drop_duplicates("device_id").reset_index(drop=True) \
+        if "device_id" in tables["devices"] else tables["devices"]
+    tables["kernels"].insert(0, "kernel_id", np.arange(len(tables["kernels"]), dtype=np.int64))
+    meta = parts[0]["meta"]
+    for part in parts[1:]:
+        meta["missing"] = sorted(set(meta["missing"]) | set(part["meta"]["missing"]))
+        for key in ("rows_read", "dropped_rows"):
+            meta[key] = _summed(meta[key], part["meta"][key])
+    names = [p.name for p in export_paths]
+    return store.create_run_db(db_path, tables, {**meta, "source": source_name or f"{len(names)} exports: {', '.join(names)}",
+                                                 "ncu_source": None, "sources": names})
+
+
+def _tagged(export, index: int, shift_ns: int) -> dict:
+    """The tables of one export of :func:`ingest_many` (file ``index``'s tag in the process ids,
+    timestamps moved by ``shift_ns``), and its ``meta``."""
+    out = {}
+    for name in store.EXPORT_TABLES:
+        df = getattr(export, name).copy()
+        for col in _ID_COLUMNS:
+            if col in df and len(df):
+                ids = df[col].astype("Int64")
+                df[col] = ids % (1 << FILE_SHIFT) + index * (1 << FILE_SHIFT)
+        for col in _TIME_COLUMNS:
+            if shift_ns and col in df and len(df):
+                df[col] = df[col] + shift_ns
+        out[name] = df
+    out["meta"] = {"missing": list(export.missing), "environment": export.environment,
+                   "dropped_rows": dict(export.dropped), "rows_read": dict(export.rows_read)}
+    return out
+
+
+def _summed(a: dict, b: dict) -> dict:
+    """Two counters (nested dicts of numbers, such as ``rows_read``) added key by key."""
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = _summed(out.get(key) or {}, value) if isinstance(value, dict) else (out.get(key) or 0) + value
+    return out
 
 
 class Tables(NamedTuple):

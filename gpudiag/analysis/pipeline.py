@@ -29,7 +29,7 @@ from gpudiag.analysis.attribution.compiled import attribute_compiled, measured_s
 from gpudiag.analysis.attribution.families import COMMUNICATION, families
 from gpudiag.analysis.attribution.ranges import Steps, attribute, find_steps, op_call_payloads
 from gpudiag.analysis.ingest import Tables, read_tables
-from gpudiag.analysis.ranks import comm, processes
+from gpudiag.analysis.ranks import comm, engine, processes
 from gpudiag.analysis.report import invariants, sections, tables
 from gpudiag.analysis.report.bare_run import apply_bare_run
 from gpudiag.analysis.report.findings import RuleInputs, findings
@@ -43,7 +43,8 @@ from gpudiag.analysis.steps.timeline import idle_intervals, launch_stats, stream
 
 def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | None = None,
             status: dict | None = None, top: int = 20, calibration: dict | None = None,
-            process: int | None = None, rank_workers: int | None = None) -> dict:
+            process: int | None = None, rank_workers: int | None = None,
+            ranks_engine: engine.RankEngine | None = None) -> dict:
     """Analyse the run database ``db``; returns report.json's content (see module docstring).
 
     Writes ``kernel_attribution``, ``kernel_class`` and ``steps`` tables back into ``db``.
@@ -51,12 +52,19 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     regular expression (or ``process``, a ``global_pid``, launched no kernel). ``process`` restricts
     the analysis to that process. Without it, an export of several processes is reported for the
     one with the most kernel time (with a warning), and report.json's ``ranks`` compares every
-    process, each analysed in a pool of ``rank_workers`` processes (:mod:`gpudiag.analysis.ranks.processes`). ``calibration`` (a ``gpudiag calibrate`` entry of the same GPU)
+    process, each analysed where ``ranks_engine`` says (:mod:`gpudiag.analysis.ranks.engine`: Dask,
+    a local cluster or a scheduler's), without it in a pool of ``rank_workers`` processes
+    (:mod:`gpudiag.analysis.ranks.processes`); raises :class:`gpudiag.analysis.ranks.engine.EngineError`
+    when the engine asked for cannot be used. ``calibration`` (a ``gpudiag calibrate`` entry of the same GPU)
     replaces datasheet peaks with measured ones."""
     meta = store.read_meta(db)
     warnings: list[str] = []
     # 1. ingest: the run database's frames, of one process
-    t, procs = processes.one_process(_load(db, meta, warnings), process, warnings)
+    loaded = _load(db, meta, warnings)
+    t, procs = processes.one_process(loaded, process, warnings)
+    # the collectives' transfer parts, paired across every rank: stored for the ranks' own analyses
+    paired = loaded.kernels.loc[loaded.kernels["transfer_ns"].notna(), ["kernel_id", "transfer_ns"]] if procs is not None else None
+    del loaded
     launcher_status, status = status, processes.status_of_process(status, t.kernels["global_pid"])
     dev = peaks.main_device(t.kernels, t.devices, warnings)
     # 2. attribution
@@ -135,14 +143,22 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     if procs is not None:  # every process analysed on its own (the main one again: a plain function of the file)
         options = {"warmup_steps": warmup_steps, "steps_from": steps_from, "status": launcher_status, "top": top,
                    "calibration": calibration}
-        report["ranks"] = _ranks(db, procs, options, launcher_status, rank_workers)
+        store.write_table(db, comm.TRANSFER_TABLE, paired)
+        report["ranks"] = _ranks(db, procs, options, launcher_status,
+                                 ranks_engine or engine.RankEngine(workers=rank_workers, dask=False))
     return report
 
 
 def _load(db: sqlite_utils.Database, meta: dict, warnings: list[str]) -> Tables:
     """The run database's frames (:func:`gpudiag.analysis.ingest.read_tables`), each collective
-    kernel with its transfer part (``transfer_ns``)."""
+    kernel with its transfer part (``transfer_ns``): paired across the ranks here, or read from
+    :data:`comm.TRANSFER_TABLE` where an analysis of every rank stored them (a rank's own analysis,
+    whose copy of the run database holds its own kernels only)."""
     t = read_tables(db, meta, warnings)
+    stored = store.read_table(db, comm.TRANSFER_TABLE)
+    if not stored.empty:
+        t.kernels["transfer_ns"] = t.kernels["kernel_id"].map(stored.set_index("kernel_id")["transfer_ns"]).astype(float)
+        return t
     # before one process is kept: a collective's transfer part needs every rank's kernels (comm module doc)
     t.kernels["transfer_ns"] = comm.peer_transfer_ns(t.kernels, (families(t.kernels["name"]) == COMMUNICATION).to_numpy())
     return t
@@ -160,11 +176,11 @@ def _attribute(t: Tables, steps: Steps, status: dict | None, warnings: list[str]
 
 
 def _ranks(db: sqlite_utils.Database, procs: pd.DataFrame, options: dict, status: dict | None,
-           rank_workers: int | None) -> dict:
-    """report.json's ``ranks``: every process of ``procs`` analysed on its own with ``options``."""
+           ranks_engine: engine.RankEngine) -> dict:
+    """report.json's ``ranks``: every process of ``procs`` analysed on its own with ``options``,
+    where ``ranks_engine`` says (workers read the run database's file: it is committed first)."""
     db.conn.commit()
     path = processes.database_file(db)
     # analyse is passed in: the ranks stage never imports the pipeline (no import cycle)
-    reports = (processes.analyse_processes(path, procs["global_pid"].tolist(), options, rank_workers, analyse)
-               if path else {})
+    reports = engine.analyse_ranks(path, procs["global_pid"].tolist(), options, ranks_engine, analyse) if path else {}
     return processes.merged_view(procs, reports, status)

@@ -21,7 +21,7 @@ def cli() -> None:
 
     \b
     gpudiag profile train.py -- --epochs 1     profile a script on this GPU
-    gpudiag report RUN_DIR_OR_SQLITE           analyse a run or any nsys SQLite export
+    gpudiag report RUN_DIR_OR_SQLITE...        analyse a run, any nsys SQLite export, or a job's rank exports
     gpudiag gate BASELINE CURRENT              fail CI on a GPU performance regression
     gpudiag calibrate                          measure this GPU's peaks (used by profile)
     gpudiag mcp                                serve the analysis to coding agents (MCP, stdio)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 import click
@@ -12,6 +13,10 @@ import click
 class AnalysisOptions:
     steps_from: str | None  # None: gpudiag's step ranges, else user ranges named step/iteration
     warmup_steps: int | None  # None: the run's own setting (its status file), else 2
+    # Where the ranks of a several-process job are analysed (gpudiag.analysis.ranks.engine):
+    dask: bool = False  # on Dask (a local cluster, or the scheduler's) if installed; else a process pool
+    scheduler: str | None = None  # a dask.distributed scheduler's address; None: a local cluster
+    worker_memory: str | None = None  # a local Dask worker's memory limit; None: the engine's default
 
 
 def analysis_options(func):
@@ -28,5 +33,34 @@ def analysis_options(func):
     @functools.wraps(func)
     def wrapper(*args, steps_from, warmup_steps, **kwargs):
         return func(*args, options=AnalysisOptions(steps_from=steps_from, warmup_steps=warmup_steps), **kwargs)
+
+    return wrapper
+
+
+DEFAULT_WORKER_MEMORY = "4GiB"  # the same as gpudiag.analysis.ranks.engine's (not imported: --help stays fast)
+_BYTES = re.compile(r"^\s*\d+(\.\d+)?\s*([kmgtp]i?b?|b)?\s*$", re.IGNORECASE)
+
+
+def _memory(ctx, param, value: str | None) -> str | None:
+    if value is not None and not _BYTES.match(value):
+        raise click.BadParameter(f"{value!r}: a size such as 4GiB, 500MB or 2000000000 (bytes)")
+    return value
+
+
+def rank_options(func):
+    """Adds ``--scheduler`` and ``--worker-memory`` (where the ranks of a several-process job are
+    analysed: Dask) to a command that takes ``options``, and sets them on it."""
+
+    @click.option("--scheduler", default=None, metavar="ADDRESS",
+                  help="Analyse the ranks on this running dask.distributed cluster (tcp://HOST:8786); its workers "
+                       "must see the output folder's run.sqlite at the same path [default: a local Dask cluster of "
+                       "processes, one per CPU; without Dask installed, a local process pool].")
+    @click.option("--worker-memory", default=DEFAULT_WORKER_MEMORY, show_default=True, callback=_memory, metavar="SIZE",
+                  help="Memory limit of each local Dask worker; a worker analyses one rank at a time, and the "
+                       "number of workers is cut to what fits in the machine's memory.")
+    @functools.wraps(func)
+    def wrapper(*args, scheduler, worker_memory, options, **kwargs):
+        options.dask, options.scheduler, options.worker_memory = True, scheduler, worker_memory
+        return func(*args, options=options, **kwargs)
 
     return wrapper

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import lzma
 import re
@@ -16,7 +17,7 @@ from gpudiag.analysis.errors import AnalysisError
 from gpudiag.capture.calibrate import CALIBRATION_NAME
 from gpudiag.capture.run import NCU_NAME, SQLITE_NAME, STATUS_NAME
 from gpudiag.cli.errors import UserError, commit, internal_error, make_output_folder, partial, write_atomically, written_or_removed
-from gpudiag.cli.options import AnalysisOptions, analysis_options
+from gpudiag.cli.options import AnalysisOptions, analysis_options, rank_options
 
 # The analysis, readers and report writers (pandas, plotly, jinja2, rich) are imported in the
 # functions that use them, so that `gpudiag --help` starts fast (tests/test_cli_startup.py).
@@ -49,6 +50,46 @@ def resolve_input(path: Path) -> tuple[Path, dict | None, Path]:
         stem = path.name.removesuffix(".xz").removesuffix(".sqlite")
         return path, None, Path("gpudiag-reports") / stem
     raise UserError(f"{path}: no such file or directory; pass a gpudiag run directory or an nsys SQLite export")
+
+
+EXPORT_GLOBS = ("*.sqlite", "*.sqlite.xz")  # a folder of rank exports (gpudiag's own run.sqlite left out)
+
+
+def resolve_sources(sources: tuple[Path, ...]) -> tuple[list[Path], dict | None, Path]:
+    """(export files, launcher status or None, default output directory) of ``gpudiag report``'s
+    SOURCE arguments: one run directory or export (:func:`resolve_input`), or the exports of one
+    job's ranks: several files, a folder of ``*.sqlite``/``*.sqlite.xz`` exports, or glob
+    patterns (quoted, expanded here; sorted). Raises UserError naming what cannot be used."""
+    if len(sources) == 1 and (sources[0].exists() or not _is_glob(str(sources[0]))):
+        source = sources[0]
+        found = _exports_in(source) if source.is_dir() and not (source / SQLITE_NAME).exists() else []
+        if len(found) > 1:
+            return found, None, Path("gpudiag-reports") / source.name
+        export, status, default_dir = resolve_input(found[0] if found else source)
+        return [export], status, default_dir
+    exports: list[Path] = []
+    for source in sources:
+        if source.is_dir():
+            raise UserError(f"{source}: a folder among several sources; pass the folder alone, or its exports")
+        matched = [source] if source.is_file() else sorted(Path(p) for p in glob.glob(str(source)) if Path(p).is_file())
+        if not matched:
+            raise UserError(f"{source}: no such file{' (the pattern matches none)' if _is_glob(str(source)) else ''}; "
+                            "pass the nsys SQLite exports of the job's ranks")
+        exports.extend(m for m in matched if m not in exports)
+    if len(exports) == 1:
+        return resolve_sources((exports[0],))
+    stem = exports[0].name.removesuffix(".xz").removesuffix(".sqlite")
+    return exports, None, Path("gpudiag-reports") / f"{stem}-{len(exports)}-exports"
+
+
+def _is_glob(text: str) -> bool:
+    return glob.has_magic(text)
+
+
+def _exports_in(folder: Path) -> list[Path]:
+    """The nsys exports in ``folder`` (not gpudiag's run database), sorted by name."""
+    found = {p for pattern in EXPORT_GLOBS for p in folder.glob(pattern) if p.is_file()}
+    return sorted(p for p in found if p.name not in (REPORT_FILES[2], REPORT_FILES[2] + ".xz"))
 
 
 def _decompressed(path: Path, tmp: Path) -> Path:
@@ -146,31 +187,26 @@ def write_reports(result: dict, out_dir: Path) -> None:
     write_atomically({out_dir / "report.json": json_report.to_json(result), out_dir / "report.html": html.render(result)})
 
 
-def ingest_and_analyse(export: Path, db_path: Path, options: AnalysisOptions, status: dict | None = None,
+def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: AnalysisOptions, status: dict | None = None,
                        ncu: Path | None = None, calibration: dict | None = None, top: int = 20) -> dict:
-    """The analysis of ``export`` (``.sqlite`` or ``.sqlite.xz``; ``ncu``: its Nsight Compute report,
+    """The analysis of ``export`` (``.sqlite`` or ``.sqlite.xz``, or a list of them: the exports of one
+    job's ranks, :func:`gpudiag.analysis.ingest.ingest_many`; ``ncu``: its Nsight Compute report,
     ``.ncu-rep`` or ``.ncu-rep.xz``): ingested into the run database ``db_path``, then analysed into
     report.json's content (a dict, documented in docs/architecture.md). ``status``: the launcher's
     status of a run directory (warm-up steps, step mode, trials); ``calibration``: measured peaks
-    (:func:`read_calibration`); ``top``: how many kernels the kernel tables keep.
+    (:func:`read_calibration`); ``top``: how many kernels the kernel tables keep. The ranks of a
+    several-process job are analysed where ``options`` says (Dask or a process pool).
 
     The one analysis path of ``gpudiag report``, ``gpudiag profile`` and :func:`gpudiag.load`.
-    Raises UserError naming the user's files: exit 2 for a file that is not an export or ncu report,
-    3 for a capture that cannot be analysed (no kernels) or an internal error (said in one line)."""
-    from gpudiag.analysis.ingest import ingest
+    Raises UserError naming the user's files: exit 2 for a file that is not an export or ncu report
+    or a Dask scheduler that cannot be reached, 3 for a capture that cannot be analysed (no
+    kernels) or an internal error (said in one line)."""
     from gpudiag.analysis.pipeline import analyse
-    from gpudiag.sources.ncu import NcuError
-    from gpudiag.sources.nsys_sqlite import ExportError
+    from gpudiag.analysis.ranks.engine import EngineError, RankEngine
 
-    with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
-        source = _decompressed(export, Path(tmp))
-        ncu_source = _decompressed(ncu, Path(tmp)) if ncu else None
-        try:
-            db = ingest(source, db_path, source_name=export.name, ncu_path=ncu_source)
-        except (ExportError, NcuError) as exc:
-            # name the user's files, not the decompressed copies
-            message = str(exc).replace(str(source), str(export))
-            raise UserError(message.replace(str(ncu_source), str(ncu)) if ncu_source else message) from None
+    exports = list(export) if isinstance(export, (list, tuple)) else [export]
+    label = exports[0] if len(exports) == 1 else Path(f"{exports[0]} (+{len(exports) - 1} more exports)")
+    db = _ingest(exports, db_path, ncu)
     warmup = options.warmup_steps if options.warmup_steps is not None else (status or {}).get("warmup_steps", 2)
     # A step-window capture starts at the warm-up's last step: only the warm-up steps it holds count.
     first_captured = (status or {}).get("capture_started_step")
@@ -178,23 +214,59 @@ def ingest_and_analyse(export: Path, db_path: Path, options: AnalysisOptions, st
     steps_from = options.steps_from
     if steps_from is None and (status or {}).get("step_mode") == "nvtx" and status.get("steps_regex"):
         steps_from = "nvtx:" + status["steps_regex"]  # the user's ranges the launcher took as steps
+    engine = RankEngine(scheduler=options.scheduler, dask=options.dask,
+                        **({"worker_memory": options.worker_memory} if options.worker_memory else {}))
     try:
         result = analyse(db, warmup_steps=warmup, steps_from=steps_from, status=status, calibration=calibration,
-                         top=top)
+                         top=top, ranks_engine=engine)
         if (status or {}).get("trials") is not None:  # the run's trials, kept in its status by gpudiag profile
             from gpudiag.trials.results import attach
 
             attach(result, status["trials"], status.get("trials_left_out") or [])
         return result
+    except EngineError as exc:
+        raise UserError(str(exc)) from None
     except AnalysisError as exc:
-        raise UserError(f"{export}: {exc}", exit_code=3) from None
+        raise UserError(f"{label}: {exc}", exit_code=3) from None
     except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # a bug, said in one line
-        raise internal_error(exc, export) from None
+        raise internal_error(exc, label) from None
     finally:
         db.conn.close()
 
 
-def analyse_and_report(export: Path, out_dir: Path, options: AnalysisOptions, status: dict | None = None,
+def _ingest(exports: list[Path], db_path: Path, ncu: Path | None):
+    """The run database ``db_path`` of ``exports`` (one export, with ``ncu`` if given, or the
+    exports of one job's ranks), from decompressed copies of ``.xz`` files. Raises UserError
+    naming the user's file, not the copy."""
+    from gpudiag.analysis.ingest import MAX_FILES, ingest, ingest_many
+    from gpudiag.sources.ncu import NcuError
+    from gpudiag.sources.nsys_sqlite import ExportError
+
+    if len(exports) > MAX_FILES:
+        raise UserError(f"{len(exports)} exports: at most {MAX_FILES} can be analysed together; analyse the ranks in groups")
+    with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
+        sources = [_decompressed(e, Path(tmp)) if len(exports) == 1 else
+                   _decompressed(e, _own_folder(Path(tmp), i)) for i, e in enumerate(exports)]
+        ncu_source = _decompressed(ncu, Path(tmp)) if ncu else None
+        try:
+            if len(exports) == 1:
+                return ingest(sources[0], db_path, source_name=exports[0].name, ncu_path=ncu_source)
+            return ingest_many(sources, db_path)
+        except (ExportError, NcuError) as exc:
+            message = str(exc)  # name the user's files, not the decompressed copies
+            for copy, original in zip(sources, exports):
+                message = message.replace(str(copy), str(original))
+            raise UserError(message.replace(str(ncu_source), str(ncu)) if ncu_source else message) from None
+
+
+def _own_folder(tmp: Path, index: int) -> Path:
+    """A folder of its own in ``tmp`` for export ``index``: rank exports of several folders may share a name."""
+    folder = tmp / str(index)
+    folder.mkdir()
+    return folder
+
+
+def analyse_and_report(export: Path | list[Path], out_dir: Path, options: AnalysisOptions, status: dict | None = None,
                        as_json: bool = False, ncu: Path | None = None, calibration: dict | None = None,
                        top: int = 20) -> dict:
     """Ingest ``export`` (``.sqlite`` or ``.sqlite.xz``, plus the Nsight Compute report ``ncu`` if
@@ -230,7 +302,7 @@ def _refuse_overwrites(export: Path, out_dir: Path, force: bool) -> None:
 
 
 @click.command()
-@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out_dir", type=click.Path(path_type=Path),
               help="Where to write report.html, report.json and run.sqlite [default: the run directory, "
                    "or gpudiag-reports/<export name>/ for an export file].")
@@ -243,13 +315,16 @@ def _refuse_overwrites(export: Path, out_dir: Path, force: bool) -> None:
               help="Measured peaks (calibration.json from gpudiag calibrate) [default: the run directory's, if there; "
                    "else datasheet values].")
 @analysis_options
-def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, ncu: Path | None, peaks_file: Path | None,
-           options: AnalysisOptions) -> None:
-    """Analyse SOURCE, a gpudiag run directory or any nsys SQLite export (.sqlite or .sqlite.xz).
+@rank_options
+def report(sources: tuple[Path, ...], out_dir: Path | None, force: bool, as_json: bool, ncu: Path | None,
+           peaks_file: Path | None, options: AnalysisOptions) -> None:
+    """Analyse SOURCE, a gpudiag run directory or any nsys SQLite export (.sqlite or .sqlite.xz),
+    or the exports of one job's ranks: several files, a folder of exports, or a quoted glob.
 
     For an export made without gpudiag, steps come from your own NVTX ranges named like
     step/iteration, or from --steps-from nvtx:REGEX; with neither, the whole capture is one step.
-    The report says which.
+    The report says which. The ranks of a job (several exports, or one export of several
+    processes) are each analysed on Dask: a local cluster, or --scheduler's.
 
     \b
     Example:
@@ -257,10 +332,28 @@ def report(source: Path, out_dir: Path | None, force: bool, as_json: bool, ncu: 
         gpudiag report gpudiag-runs/train-20261121-101500 --force
         gpudiag report theirs.sqlite --steps-from 'nvtx:^train_step$' --json
         gpudiag report run.sqlite --ncu run.ncu-rep
+        gpudiag report rank0.sqlite rank1.sqlite -o job-report
+        gpudiag report 'exports/rank*.sqlite' --scheduler tcp://10.0.0.5:8786
     """
-    resolved = resolve_input(source)
-    out_dir = out_dir or resolved[2]
-    _refuse_overwrites(resolved[0], out_dir, force)
-    inputs = analysis_inputs(source, options, ncu, peaks_file, resolved=resolved)
-    analyse_and_report(inputs.export, out_dir, options, status=inputs.status, as_json=as_json, ncu=inputs.ncu,
-                       calibration=inputs.calibration)
+    exports, status, default_dir = resolve_sources(sources)
+    out_dir = out_dir or default_dir
+    for export in exports:
+        _refuse_overwrites(export, out_dir, force)
+    if len(exports) > 1 and ncu is not None:
+        raise UserError(f"{ncu}: --ncu goes with one export; pass it with the export of the rank ncu profiled")
+    if options.scheduler:  # before the ingest: a wrong address is said at once
+        _check_scheduler(options.scheduler)
+    source = sources[0] if len(exports) == 1 else exports[0]
+    inputs = analysis_inputs(source, options, ncu, peaks_file, resolved=(exports[0], status, default_dir))
+    analyse_and_report(exports if len(exports) > 1 else inputs.export, out_dir, options, status=inputs.status,
+                       as_json=as_json, ncu=inputs.ncu, calibration=inputs.calibration)
+
+
+def _check_scheduler(address: str) -> None:
+    """Raises UserError (one line) unless a Dask scheduler answers at ``address``."""
+    from gpudiag.analysis.ranks.engine import EngineError, check_scheduler
+
+    try:
+        check_scheduler(address)
+    except EngineError as exc:
+        raise UserError(str(exc)) from None

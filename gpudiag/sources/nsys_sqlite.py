@@ -442,6 +442,20 @@ def read_gpu_in_use(path: Path) -> tuple[str | None, dict]:
         conn.close()
 
 
+def session_start_ns(path: Path) -> int | None:
+    """The capture's start as nanoseconds since the UTC epoch (``TARGET_INFO_SESSION_START_TIME.utcEpochNs``),
+    the origin of every timestamp in the export; None when the export does not record it.
+    Raises :class:`ExportError` for a file that is not an export."""
+    conn = open_export(path)
+    try:
+        if "TARGET_INFO_SESSION_START_TIME" not in _tables(conn):
+            return None
+        row = conn.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+    finally:
+        conn.close()
+
+
 def _pid_of(global_tid: pd.Series) -> pd.Series:
     """globalPid from globalTid (nsys packs the pid in the high bits)."""
     # PID_MASK clears the low 24 bits (the thread id); shifting does the same within int64.

@@ -52,6 +52,10 @@ _NCCL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+?)(?:_|\(|$)")
 _OTHER = ((re.compile(r"all_?reduce|cross_device_reduce", re.I), "AllReduce"),
           (re.compile(r"all_?gather", re.I), "AllGather"), (re.compile(r"reduce_?scatter", re.I), "ReduceScatter"),
           (re.compile(r"all_?to_?all", re.I), "AllToAll"))
+# The run database table of the collectives' transfer parts paired across ranks (kernel_id,
+# transfer_ns; paired kernels only), written by the analysis of a several-process run before the
+# ranks are analysed one by one: a rank's analysis reads it instead of pairing every rank again.
+TRANSFER_TABLE = "kernel_transfer"
 BYTES_UNKNOWN = ("bytes unknown: the run database keeps neither NCCL's NVTX payloads nor kernel arguments, "
                  "so algorithm and bus bandwidth are not computed")
 

@@ -2,10 +2,12 @@
 process, and a merged view of the ranks side by side.
 
 The per-process analysis is a plain function of (run database file, process):
-:func:`analyse_process` copies the run database into memory (the analysis writes its tables back,
-and ranks must not overwrite each other's) and runs :func:`gpudiag.analysis.pipeline.analyse` on
-that process alone (the pipeline passes it in: this stage never imports the pipeline), so a process
-pool (here) or a cluster engine can map it over processes. The merged view (:func:`merged_view`) reads the per-rank reports only.
+:func:`analyse_process` copies that process's rows of the run database into memory (the analysis
+writes its tables back, and ranks must not overwrite each other's; one rank's rows bound its
+memory) and runs :func:`gpudiag.analysis.pipeline.analyse` on that process alone (the pipeline
+passes it in: this stage never imports the pipeline), so a process pool (here) or a cluster engine
+(:mod:`gpudiag.analysis.ranks.engine`: Dask) can map it over processes. The merged view
+(:func:`merged_view`) reads the per-rank reports only.
 
 A rank is identified by its process (``global_pid``; the OS pid is bits 24..47) and the GPU that
 ran most of its kernel time; ``RANK``/``LOCAL_RANK`` come from the launcher's status where it
@@ -22,8 +24,10 @@ from concurrent.futures import ProcessPoolExecutor
 import pandas as pd
 import sqlite_utils
 
+from gpudiag.analysis.attribution.families import COMMUNICATION, families
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.ingest import Tables
+from gpudiag.analysis.ranks.comm import TRANSFER_TABLE
 
 
 def os_pid(global_pid: int) -> int:
@@ -50,7 +54,7 @@ def one_process(t: Tables, process: int | None, warnings: list[str]) -> tuple[Ta
     kernel_ns_by_pid = t.kernels.groupby("global_pid")["duration_ns"].sum()
     procs = processes(t.kernels) if len(kernel_ns_by_pid) > 1 and process is None else None
     if process is not None and process not in kernel_ns_by_pid.index:
-        raise AnalysisError(f"process {os_pid(process)} (globalPid {process}) launched no kernel in this export")
+        raise no_kernel(process)
     if len(kernel_ns_by_pid) <= 1:
         return t, procs
     pid = process
@@ -63,6 +67,11 @@ def one_process(t: Tables, process: int | None, warnings: list[str]) -> tuple[Ta
     return t._replace(kernels=t.kernels[t.kernels["global_pid"] == pid].reset_index(drop=True),
                       **{name: df[df["global_pid"] == pid].reset_index(drop=True) if not df.empty else df
                          for name, df in own.items()}), procs
+
+
+def no_kernel(global_pid: int) -> AnalysisError:
+    """The error of asking for a process that launched no kernel."""
+    return AnalysisError(f"process {os_pid(global_pid)} (globalPid {global_pid}) launched no kernel in this export")
 
 
 def main_process(kernels: pd.DataFrame, kernel_ns_by_pid: pd.Series) -> tuple[int, str]:
@@ -86,19 +95,63 @@ def database_file(db: sqlite_utils.Database) -> str | None:
 def analyse_process(run_db: str, global_pid: int, options: dict, analyse: Callable[..., dict]) -> dict:
     """report.json's content for process ``global_pid`` of the run database file ``run_db``: ``analyse``
     (:func:`gpudiag.analysis.pipeline.analyse`, passed in so that this stage does not import the
-    pipeline) with the keyword arguments ``options``. The file is only read. Raises AnalysisError
-    as ``analyse`` does."""
-    src = sqlite3.connect(f"file:{run_db}?mode=ro", uri=True)
+    pipeline) with the keyword arguments ``options``. The file is only read: the analysis runs on
+    an in-memory copy of this process's rows (:func:`process_copy`), so its memory is one rank's,
+    whatever the number of ranks. Raises AnalysisError as ``analyse`` does (also for a process that
+    launched no kernel)."""
+    return analyse(sqlite_utils.Database(process_copy(run_db, int(global_pid))), process=int(global_pid), **options)
+
+
+# Tables the analysis writes (it replaces them): not copied for a rank's analysis.
+DERIVED_TABLES = ("kernel_attribution", "kernel_class", "steps")
+
+
+def process_copy(run_db: str, global_pid: int) -> sqlite3.Connection:
+    """An in-memory copy of the run database file ``run_db`` holding, of every table with a
+    ``global_pid`` column, the rows of process ``global_pid`` only, and the other tables whole (less
+    :data:`DERIVED_TABLES`). The transfer/wait split pairs one collective's kernels across ranks:
+    where the file holds the pairing (:data:`gpudiag.analysis.ranks.comm.TRANSFER_TABLE`, written
+    by the analysis of every rank) the copy has it; else ``kernels`` also keeps every other
+    process's communication kernels (:func:`gpudiag.analysis.ranks.comm.peer_transfer_ns` reads
+    nothing else). Rows keep their order. The analysis of that copy with ``process=global_pid``
+    reads the same frames as on the whole file. Raises AnalysisError when that process launched no
+    kernel."""
     mem = sqlite3.connect(":memory:")
+    src = sqlite3.connect(f"file:{run_db}?mode=ro", uri=True)
     try:
-        src.backup(mem)
+        if src.execute("SELECT 1 FROM kernels WHERE global_pid = ? LIMIT 1", (global_pid,)).fetchone() is None:
+            raise no_kernel(global_pid)
+        tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        comm_names = [] if TRANSFER_TABLE in tables else _communication_names(src)
+        for name, sql in src.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall():
+            if name in DERIVED_TABLES or name.startswith("sqlite_"):
+                continue
+            mem.execute(sql)
+            columns = {c[1] for c in src.execute(f'PRAGMA table_info("{name}")')}
+            where, args = "", ()
+            if "global_pid" in columns:
+                where, args = " WHERE global_pid = ?", (global_pid,)
+                if name == "kernels" and comm_names:
+                    where += f" OR name IN ({','.join('?' * len(comm_names))})"
+                    args += tuple(comm_names)
+            rows = src.execute(f'SELECT * FROM "{name}"{where}', args)
+            marks = ",".join("?" * len(columns))
+            while batch := rows.fetchmany(50_000):
+                mem.executemany(f'INSERT INTO "{name}" VALUES ({marks})', batch)
+        mem.commit()
     finally:
         src.close()
-    return analyse(sqlite_utils.Database(mem), process=int(global_pid), **options)
+    return mem
 
 
-def _one(run_db: str, global_pid: int, options: dict, analyse: Callable[..., dict]) -> dict:
-    """:func:`analyse_process`, with an analysis error kept as the rank's result."""
+def _communication_names(conn: sqlite3.Connection) -> list[str]:
+    """The kernel names of the run database ``conn`` that are communication kernels (family from the name)."""
+    names = pd.Series([r[0] for r in conn.execute("SELECT DISTINCT name FROM kernels WHERE name IS NOT NULL")], dtype=object)
+    return names[(families(names) == COMMUNICATION).to_numpy()].tolist() if len(names) else []
+
+
+def analyse_one(run_db: str, global_pid: int, options: dict, analyse: Callable[..., dict]) -> dict:
+    """:func:`analyse_process`, with an analysis error kept as the rank's result ({"error": text})."""
     try:
         return analyse_process(run_db, global_pid, options, analyse)
     except AnalysisError as exc:
@@ -111,10 +164,10 @@ def analyse_processes(run_db: str, pids: list[int], options: dict, workers: int 
     process pool of ``workers`` (None: one per process, at most the CPU count) when there is more
     than one. ``analyse`` is a module-level function, so the pool can pickle it by name."""
     if len(pids) <= 1:
-        return {int(p): _one(run_db, p, options, analyse) for p in pids}
+        return {int(p): analyse_one(run_db, p, options, analyse) for p in pids}
     workers = workers or min(len(pids), os.cpu_count() or 1)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {int(p): pool.submit(_one, run_db, int(p), options, analyse) for p in pids}
+        futures = {int(p): pool.submit(analyse_one, run_db, int(p), options, analyse) for p in pids}
         return {p: f.result() for p, f in futures.items()}
 
 
