@@ -21,6 +21,8 @@ imports only the stages above it (tests/test_layout.py holds the order):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 import sqlite_utils
 
@@ -78,64 +80,21 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     ncu = store.read_table(db, "ncu_kernels")
     classes = classify(t.kernels, attribution, device_peaks, ncu if not ncu.empty else None)
     # 4. steps
-    detail_step = frames.detail_step(status, attribution)
-    activities = frames.activities(t, steps)
-    st = frames.step_frame(steps, activities, warmup_steps, detail_step, warnings)
-    idle = idle_intervals(activities)
-    gaps = stream_gaps(t.kernels, attribution)
-    launches = launch_stats(t.kernels, attribution)
+    s = _step_frames(t, steps, attribution, classes, status, warmup_steps, warnings)
     store.write_table(db, "kernel_attribution", attribution)
     store.write_table(db, "kernel_class", classes)
-    store.write_table(db, "steps", st)
-
-    measured = st[st["measured"]]
-    n = len(measured)
-    measured_ids = set(measured["step"])
-    compiled = measured_summary(compiled, t.kernels, attribution, measured_ids, status)
-    k = frames.kernel_frame(t.kernels, attribution, classes, launches)
-    km = k[k["step"].isin(measured_ids)]
-    idle = step_stats.mark_step_start(step_stats.idle_steps(idle, measured), km)
-    idle_m = idle[idle["step"].isin(measured_ids)]
-    per_step = step_stats.per_step_entries(st, step_stats.class_ns_per_step(km, activities, measured_ids), idle_m)
-    step_ns = float(measured["step_time_ns"].mean()) if n else float("nan")
-    breakdown, breakdown_percent = step_stats.breakdown(per_step, step_ns)
-    top_kernels = tables.top_kernels(km, top, n)
-    api_m = frames.measured_api(t.runtime_api, steps, measured_ids)
+    store.write_table(db, "steps", s.st)
+    compiled = measured_summary(compiled, t.kernels, attribution, s.measured_ids, status)
     # 5-7. ranks (this process's collectives), fusion and rules: the findings
-    found = findings(k, km, detail_step, idle, t, api_m, steps, measured, step_ns, device_peaks, ncu, payloads,
-                     RuleInputs(status, dev, compiled))
-    incl, modules = tables.modules(km, t.nvtx, n, step_ns)
-    stream_rows = tables.stream_rows(gaps, k, measured_ids, n)
-    top_waits = tables.top_waiting_kernels(idle_m, k, n)
-    phases = (km.groupby("phase")["duration_ns"].sum() / n).to_dict() if n else {}
-    instrumentation = tables.instrumentation(st, measured, t.nvtx, detail_step, n)
+    found = findings(s.k, s.km, s.detail_step, s.idle, t, s.api_m, steps, s.measured, s.step_ns, device_peaks, ncu,
+                     payloads, RuleInputs(status, dev, compiled))
     warnings.extend(sections.capture_warnings(meta, status))
-    warnings.extend(sections.few_steps(len(st)))
-
+    warnings.extend(sections.few_steps(len(s.st)))
     # 8. report
+    summary, step_tables = _step_sections(t, steps, s, meta, ncu, top, status)
     report = invariants.check(apply_requests(apply_bare_run({
-        **sections.header(meta, status, compiled, device_peaks),
-        "steps": sections.steps_section(steps, st, detail_step, measured, per_step),
-        # None when every measured window is empty (timestamps moved in a damaged export): no share of nothing
-        "gpu_busy_percent": (100.0 * float(measured["busy_ns"].sum()) / float(measured["step_time_ns"].sum())
-                             if n and measured["step_time_ns"].sum() > 0 else None),
-        "outlier_steps": outliers.outlier_report(st, activities, idle, t.runtime_api, steps.table, k),
-        "breakdown_ns_per_step": breakdown,
-        "breakdown_percent": breakdown_percent,
-        "classification": sections.classification(meta, ncu, km),
-        "phases_ns_per_step": {p: float(v) for p, v in phases.items()},
-        "top_kernels": top_kernels,
-        **found,
-        **sections.kernel_tables(km, n),
-        "modules": modules,
-        "per_step_metrics": step_stats.per_step_metrics(km, measured, per_step, incl, modules,
-                                                        (status or {}).get("peak_memory_bytes_per_step") or {}) if n else [],
-        "idle": sections.idle_section(idle_m, km, stream_rows, top_waits, n),
-        "instrumentation": instrumentation,
-        "launches_per_step": launch_counts(km, api_m, n),
-        "communication": comm.communication(k, measured_ids, n, step_ns) if n else None,
-        "warnings": warnings,
-    })))
+        **sections.header(meta, status, compiled, device_peaks), **summary, **found, **step_tables,
+        "warnings": warnings})))
     collectives = processes.host_collectives_warning(status, report.get("communication"))
     if collectives:
         report["warnings"].append(collectives)
@@ -147,6 +106,86 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
         report["ranks"] = _ranks(db, procs, options, launcher_status,
                                  ranks_engine or engine.RankEngine(workers=rank_workers, dask=False))
     return report
+
+
+@dataclass
+class StepFrames:
+    """The steps stage's frames (times in ns): ``st`` the step table with its flags, ``measured``
+    its measured steps (``n`` of them, numbers ``measured_ids``, mean step ``step_ns``), ``k`` every
+    kernel with its attribution, class and launch delay, ``km`` those of measured steps,
+    ``activities`` kernels, copies and memsets with their step, ``idle`` GPU-idle intervals
+    (``idle_m``: in measured steps), ``per_step`` report.json's per-step entries, ``gaps`` the
+    stream gaps, ``detail_step`` (None without one) and ``api_m`` the measured steps' API calls."""
+    st: pd.DataFrame
+    measured: pd.DataFrame
+    n: int
+    measured_ids: set
+    step_ns: float
+    k: pd.DataFrame
+    km: pd.DataFrame
+    activities: pd.DataFrame
+    idle: pd.DataFrame
+    idle_m: pd.DataFrame
+    per_step: list[dict]
+    gaps: pd.DataFrame
+    detail_step: int | None
+    api_m: pd.DataFrame
+
+
+def _step_frames(t: Tables, steps: Steps, attribution: pd.DataFrame, classes: pd.DataFrame, status: dict | None,
+                 warmup_steps: int, warnings: list[str]) -> StepFrames:
+    """Stage 4: the step table, GPU activities and idle per step, the kernel frame, the per-step
+    entries (:class:`StepFrames`)."""
+    detail_step = frames.detail_step(status, attribution)
+    activities = frames.activities(t, steps)
+    st = frames.step_frame(steps, activities, warmup_steps, detail_step, warnings)
+    idle = idle_intervals(activities)
+    gaps = stream_gaps(t.kernels, attribution)
+    launches = launch_stats(t.kernels, attribution)
+    measured = st[st["measured"]]
+    n = len(measured)
+    measured_ids = set(measured["step"])
+    k = frames.kernel_frame(t.kernels, attribution, classes, launches)
+    km = k[k["step"].isin(measured_ids)]
+    idle = step_stats.mark_step_start(step_stats.idle_steps(idle, measured), km)
+    idle_m = idle[idle["step"].isin(measured_ids)]
+    per_step = step_stats.per_step_entries(st, step_stats.class_ns_per_step(km, activities, measured_ids), idle_m)
+    step_ns = float(measured["step_time_ns"].mean()) if n else float("nan")
+    return StepFrames(st, measured, n, measured_ids, step_ns, k, km, activities, idle, idle_m, per_step, gaps,
+                      detail_step, frames.measured_api(t.runtime_api, steps, measured_ids))
+
+
+def _step_sections(t: Tables, steps: Steps, s: StepFrames, meta: dict, ncu: pd.DataFrame, top: int,
+                   status: dict | None) -> tuple[dict, dict]:
+    """Stage 8, the measured steps' sections of report.json, in its order: (the summary: steps,
+    breakdown, classification, top kernels; the tables after the findings: kernel and module tables,
+    idle, instrumentation, launches, communication)."""
+    n, km = s.n, s.km
+    breakdown, breakdown_percent = step_stats.breakdown(s.per_step, s.step_ns)
+    incl, modules = tables.modules(km, t.nvtx, n, s.step_ns)
+    phases = (km.groupby("phase")["duration_ns"].sum() / n).to_dict() if n else {}
+    busy, total = float(s.measured["busy_ns"].sum()), float(s.measured["step_time_ns"].sum())
+    return {
+        "steps": sections.steps_section(steps, s.st, s.detail_step, s.measured, s.per_step),
+        # None when every measured window is empty (timestamps moved in a damaged export): no share of nothing
+        "gpu_busy_percent": 100.0 * busy / total if n and total > 0 else None,
+        "outlier_steps": outliers.outlier_report(s.st, s.activities, s.idle, t.runtime_api, steps.table, s.k),
+        "breakdown_ns_per_step": breakdown,
+        "breakdown_percent": breakdown_percent,
+        "classification": sections.classification(meta, ncu, km),
+        "phases_ns_per_step": {p: float(v) for p, v in phases.items()},
+        "top_kernels": tables.top_kernels(km, top, n),
+    }, {
+        **sections.kernel_tables(km, n),
+        "modules": modules,
+        "per_step_metrics": step_stats.per_step_metrics(km, s.measured, s.per_step, incl, modules,
+                                                        (status or {}).get("peak_memory_bytes_per_step") or {}) if n else [],
+        "idle": sections.idle_section(s.idle_m, km, tables.stream_rows(s.gaps, s.k, s.measured_ids, n),
+                                      tables.top_waiting_kernels(s.idle_m, s.k, n), n),
+        "instrumentation": tables.instrumentation(s.st, s.measured, t.nvtx, s.detail_step, n),
+        "launches_per_step": launch_counts(km, s.api_m, n),
+        "communication": comm.communication(s.k, s.measured_ids, n, s.step_ns) if n else None,
+    }
 
 
 def _load(db: sqlite_utils.Database, meta: dict, warnings: list[str]) -> Tables:
