@@ -346,3 +346,17 @@ def test_a_launch_without_a_detail_step_partner_gets_its_configurations_median(a
     assert out["bytes"].iloc[-1] == pytest.approx(mine["bytes"].median(), rel=1e-12)
     assert out["math_path"].iloc[-1] == mine["math_path"].iloc[0]
     assert (out.iloc[:-1]["kernel_class"].to_numpy() == classes["kernel_class"].to_numpy()).all()
+
+
+@pytest.mark.parametrize("name", ["tiny_gemm_gelu", "rmsnorm_train", "zoo_vit"])
+def test_a_kernel_outside_any_range_has_empty_names_not_nulls(name, analysed):
+    """Attribution writes '' (not NULL) where a kernel has no op, module or module class, and every
+    kernel a phase: the tables group and filter on these text columns."""
+    db, _ = analysed(name)
+    nulls = db.conn.execute("SELECT count(*) FROM kernel_attribution WHERE op IS NULL OR module IS NULL"
+                            " OR module_class IS NULL OR phase IS NULL OR phase = ''").fetchone()[0]
+    assert nulls == 0
+    assert db.conn.execute("SELECT count(*) FROM kernel_attribution WHERE module = '' AND module_class != ''").fetchone() == (0,)
+    total = db.conn.execute("SELECT count(*) FROM kernel_attribution").fetchone()[0]
+    without_op = db.conn.execute("SELECT count(*) FROM kernel_attribution WHERE op = ''").fetchone()[0]
+    assert 0 < without_op <= total

@@ -6,6 +6,7 @@ arithmetic done in the test."""
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from gpudiag import nvtx_names
 from gpudiag.analysis.attribution.ranges import find_steps, gpudiag_steps, window_index
@@ -63,3 +64,26 @@ def test_whole_capture_window_is_exact():
     assert int(steps.table["end_ns"].iloc[0] - steps.table["start_ns"].iloc[0]) == 815
     without_api = find_steps(_nvtx([]), kernels)
     assert without_api.table[["start_ns", "end_ns"]].values.tolist() == [[500, 1235]]
+
+
+@pytest.mark.parametrize("numbers, warmup, detail, flags", [
+    # two runs of steps 0..3, warm-up 1, detail step 2 (the launcher's number) in each run
+    ([0, 1, 2, 3, 0, 1, 2, 3], 1, 2, ["w", "m", "d", "m", "w", "m", "d", "m"]),
+    ([0, 1, 2, 0, 1, 2], 2, None, ["w", "w", "m", "w", "w", "m"]),
+    # runs of warm-up steps only: reported rather than nothing (warm-up dropped, detail kept out)
+    ([0, 1, 0, 1], 2, 1, ["m", "d", "m", "d"]),
+    ([0, 0], 1, 0, ["d", "d"]),
+])
+def test_each_run_has_its_own_warmup_and_detail_step(numbers, warmup, detail, flags):
+    """Several launcher runs in one capture: per run, the first ``warmup`` steps are warm-up and the
+    step with the detail step's launcher number is its detail step; the rest are measured."""
+    from gpudiag.analysis.attribution.ranges import run_flags
+
+    steps = gpudiag_steps(_gpudiag(numbers), _nvtx([]))
+    st = pd.DataFrame({"step": steps.table["step"], "warmup": False, "detail": False, "measured": True})
+    detail_step = None if detail is None else int(steps.table["step"][numbers.index(detail)])
+    out = run_flags(st, steps, warmup, detail_step)
+    got = ["d" if d else "w" if w else "m" if m else "?" for w, d, m in zip(out["warmup"], out["detail"], out["measured"])]
+    assert got == flags
+    if flags == ["d", "d"]:  # only detail steps: every step is measured rather than none
+        assert out["measured"].all()
