@@ -360,3 +360,48 @@ def test_a_kernel_outside_any_range_has_empty_names_not_nulls(name, analysed):
     total = db.conn.execute("SELECT count(*) FROM kernel_attribution").fetchone()[0]
     without_op = db.conn.execute("SELECT count(*) FROM kernel_attribution WHERE op = ''").fetchone()[0]
     assert 0 < without_op <= total
+
+
+def test_external_bytes_are_what_the_group_reads_from_outside_and_leaves_for_others(analysed):
+    """GPT-2's first tanh-GELU forward: its inputs are the storages it reads before writing them,
+    its outputs those it writes that an op outside it reads before they are written again (or its
+    result); external bytes = their sizes (here 10 x 25.2 MB: x in, and five tensors out)."""
+    import json
+
+    db, report = analysed("gpt2_train_bf16")
+    calls = pd.read_sql_query("SELECT DISTINCT op_call, op_args, module FROM kernel_attribution"
+                              " WHERE op_call >= 0 ORDER BY op_call", db.conn)
+    payloads = [(row.op_call, row.module, json.loads(row.op_args)) for row in calls.itertuples()]
+
+    def storages(value):
+        if isinstance(value, str) and "@" in value:
+            yield value.split("@")[1], _tensor_bytes(value)
+        elif isinstance(value, list):
+            for v in value:
+                yield from storages(v)
+
+    group = [p for p in payloads if p[1] == "transformer.h.0.mlp.act"]
+    members = {c for c, _, _ in group}
+    inputs, outputs, first, size = set(), set(), {}, {}
+    for call, _, payload in group:
+        for s, nbytes in storages(payload["in"]):
+            first.setdefault(s, "r")
+            size.setdefault(s, nbytes)
+        for s, nbytes in storages(payload["out"]):
+            first.setdefault(s, "w")
+            size[s] = nbytes
+    inputs = {s for s, kind in first.items() if kind == "r"}
+    for s in (s for s, kind in first.items() if kind == "w" or s in inputs):
+        written = [c for c, _, p in group if any(t == s for t, _ in storages(p["out"]))]
+        if not written:
+            continue
+        for call, _, payload in (p for p in payloads if p[0] > max(written) and p[0] not in members):
+            if any(t == s for t, _ in storages(payload["in"])):
+                outputs.add(s)
+                break
+            if any(t == s for t, _ in storages(payload["out"])):
+                break
+    outputs |= {s for s, _ in storages(group[-1][2]["out"])}
+    forward = next(c for c in report["fusion_candidates"] if "transformer.h.0.mlp.act" in c["modules"])
+    assert forward["external_bytes"] == sum(size[s] for s in inputs | outputs)
+    assert len(inputs) == 1 and len(outputs) == 5

@@ -181,3 +181,55 @@ def test_no_rule_fails_on_a_real_capture(name, analysed):
     _, report = analysed(name)
     failed = [r["suppressed_because"] for r in report["suppressed"] if r["rule_id"] is None]
     assert failed == []
+
+
+def test_gemm_alignment_saving_and_the_vocabulary_gemm(analysed):
+    """GPT-2 (H200): the LM head's GEMMs have N = 50257 (K in the backward). Saving: the misaligned configurations'
+    time x (1 - their median efficiency / the median efficiency of the aligned contractions)."""
+    from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES
+    from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS
+
+    db, report = analysed("gpt2_train_bf16")
+    rows = pd.read_sql_query(
+        "SELECT a.step, a.op, a.op_args, c.config_key, c.family, c.efficiency, k.duration_ns, s.detail, s.measured"
+        " FROM kernels k JOIN kernel_attribution a USING (kernel_id) JOIN kernel_class c USING (kernel_id)"
+        " JOIN steps s ON s.step = a.step", db.conn)
+    gemm_ops = CONTRACTION_OPS - {"aten::convolution", "aten::_convolution", "aten::cudnn_convolution",
+                                  "aten::convolution_backward"}
+    detail = rows[(rows["detail"] == 1) & rows["op"].isin(gemm_ops)]
+    bad = detail[[bool(_misaligned(o, a)) for o, a in zip(detail["op"], detail["op_args"])]]
+    configs = set(bad["config_key"])
+    km = rows[rows["measured"] == 1]
+    n = km["step"].nunique()
+    aligned = km[km["family"].isin(CONTRACTION_FAMILIES) & ~km["config_key"].isin(configs)]
+    reference = aligned["efficiency"].median()
+    per_config = km[km["config_key"].isin(configs)].groupby("config_key").agg(
+        ns=("duration_ns", "sum"), eff=("efficiency", "median"))
+    saving = sum(r.ns * (1 - min(r.eff / reference, 1.0)) for r in per_config.itertuples()) / n
+    rec = _rec(report, "GD-GEMM-ALIGN")
+    assert rec["saving_ns_per_step"] == pytest.approx(saving, rel=1e-9)
+    assert rec["title"] == "GEMM dimensions are not multiples of 8"
+    assert any(e.startswith("aten::mm ") and e.endswith("(N=50257)") for e in rec["evidence"])  # the LM head
+    assert any(e.startswith("aten::mm ") and e.endswith("(K=50257)") for e in rec["evidence"])  # its backward
+    assert f"{reference:.2f}, the median roofline efficiency" in rec["estimate"]
+
+
+def test_collective_kernels_are_outside_the_roofline(analysed):
+    """A kernel of the collective library (family ``communication``) is class ``communication``
+    with no roofline numbers, whatever op launched it (here a real capture's GEMM renamed)."""
+    from gpudiag.analysis.roofline import peaks
+    from gpudiag.analysis.roofline.classify import classify
+
+    db, report = analysed("rmsnorm_train")
+    kernels = pd.read_sql_query("SELECT * FROM kernels ORDER BY kernel_id", db.conn)
+    attribution = pd.read_sql_query("SELECT * FROM kernel_attribution ORDER BY kernel_id", db.conn)
+    classes = pd.read_sql_query("SELECT * FROM kernel_class ORDER BY kernel_id", db.conn)
+    shaped = classes.index[classes["evidence"] == "shapes"][:5]
+    kernels.loc[shaped, "name"] = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    out = classify(kernels, attribution, peaks.lookup(report["device"]["name"], report["device"]["sm_count"]))
+    comm = out.loc[shaped]
+    assert (comm["kernel_class"] == "communication").all() and (comm["evidence"] == "heuristic").all()
+    roof = ["flop", "bytes", "intensity", "ridge", "achieved_flop_per_s", "achieved_bytes_per_s", "efficiency"]
+    assert comm[roof].isna().all().all() and comm["math_path"].isna().all()
+    rest = out.drop(index=shaped)
+    assert (rest["kernel_class"].to_numpy() == classes.drop(index=shaped)["kernel_class"].to_numpy()).all()
