@@ -233,3 +233,46 @@ def test_collective_kernels_are_outside_the_roofline(analysed):
     assert comm[roof].isna().all().all() and comm["math_path"].isna().all()
     rest = out.drop(index=shaped)
     assert (rest["kernel_class"].to_numpy() == classes.drop(index=shaped)["kernel_class"].to_numpy()).all()
+
+
+def test_pageable_copy_saving_is_the_time_over_the_pinned_rate(analysed):
+    """input_pipeline_bad (H200): host-to-device copies from pageable memory; saving = their time
+    per step minus the same bytes at this run's pinned rate (pinned copies of 1 MB or more), here
+    with no pinned copy to measure that rate, their whole time."""
+    db, report = analysed("input_pipeline_bad")
+    steps = pd.read_sql_query("SELECT step, cpu_start_ns, cpu_end_ns FROM steps WHERE measured", db.conn)
+    copies = pd.read_sql_query("SELECT m.bytes, m.duration_ns, m.src_kind, m.dst_kind, r.start_ns AS api_ns FROM memcpy m"
+                               " JOIN runtime_api r ON r.correlation_id = m.correlation_id"
+                               " AND r.global_pid = m.global_pid", db.conn)
+    inside = [any(s.cpu_start_ns <= t < s.cpu_end_ns for s in steps.itertuples()) for t in copies["api_ns"]]
+    m, n = copies[inside], len(steps)
+    pageable = m[(m["src_kind"] == "Pageable") | (m["dst_kind"] == "Pageable")]
+    pinned = m[((m["src_kind"] == "Pinned") | (m["dst_kind"] == "Pinned")) & (m["bytes"] >= 1e6)]
+    ns = pageable["duration_ns"].sum() / n
+    rec = _rec(report, "GD-PAGEABLE-COPY")
+    assert pageable["bytes"].sum() / n >= 1e6
+    assert len(pinned) == 0  # this run made no pinned copy of 1 MB: no pinned rate, the whole time is the saving
+    assert rec["saving_ns_per_step"] == pytest.approx(ns, rel=1e-9)
+    assert rec["estimate"] == "pageable copy time per step"
+    assert rec["evidence"][0].startswith(f"{len(pageable) / n:.1f} pageable copies/step, "
+                                         f"{pageable['bytes'].sum() / n / 1e6:.1f} MB/step, {ns / 1e6:.2f} ms/step")
+
+
+@pytest.mark.parametrize("name, fires", [("towers_inference", True), ("mlp_decode", True), ("rmsnorm_train", False),
+                                         ("kernel_pathologies", False), ("input_pipeline_bad", False)])
+def test_overhead_bound_fires_on_launch_bound_steps_only(name, fires, analysed):
+    """GD-OVERHEAD-BOUND: host-bound idle between kernels (not before a step's first kernel) over
+    15 % of the step. Its saving is at most that idle; its evidence counts the launches and the
+    overhead-bound kernels per step."""
+    db, report = analysed(name)
+    rec = _rec(report, "GD-OVERHEAD-BOUND")
+    idle = report["idle"]
+    between = idle["host_bound_idle_ns_per_step"] - idle["step_start_idle_ns_per_step"]
+    step = report["steps"]["step_time_ns"]["mean"]
+    assert (rec is not None) == fires == (between >= 0.15 * step)
+    if fires:
+        k, n = _measured_kernels(db)
+        assert 0 < rec["saving_ns_per_step"] <= between + 1e-6
+        assert rec["evidence"][1] == (f"{len(k) / n:.0f} kernel launches/step, "
+                                      f"{(k['kernel_class'] == 'overhead').sum() / n:.0f} of them overhead-bound")
+        assert rec["title"] == "The GPU waits for the host to launch kernels"
