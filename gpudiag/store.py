@@ -60,8 +60,44 @@ def write_table(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
     # The table's column types from the whole frame, as one to_sql call would infer them (the
     # first slice alone could hold only NULLs in a column that has numbers later).
     db.conn.execute(pd.io.sql.get_schema(df, name, con=db.conn))
-    for start in range(0, len(df), ROWS_PER_WRITE):
-        df.iloc[start:start + ROWS_PER_WRITE].to_sql(name, db.conn, index=False, if_exists="append", chunksize=50_000)
+    db.conn.commit()
+    if not _bulk_append(db, name, df):
+        for start in range(0, len(df), ROWS_PER_WRITE):
+            df.iloc[start:start + ROWS_PER_WRITE].to_sql(name, db.conn, index=False, if_exists="append", chunksize=50_000)
+
+
+def _bulk_append(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> bool:
+    """Append ``df`` to the existing table ``name`` through Arrow and the ADBC SQLite driver, which
+    binds the values in C: a third of the CPU time of pandas' ``to_sql``, which binds each value
+    from Python (2 M API-call rows: 1.5 s against 4.8 s CPU, docs/scale.md), with the same stored
+    values and types (tests/test_store_write.py). False, having written nothing, where it does not
+    apply: an in-memory database (a rank's copy), no ADBC driver installed, or a column Arrow
+    cannot type (mixed Python objects); the caller then uses ``to_sql``."""
+    path = _database_file(db)
+    if path is None:
+        return False
+    try:
+        import adbc_driver_sqlite.dbapi as adbc
+        import pyarrow as pa
+    except ImportError:
+        return False
+    arrow_errors = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
+    with adbc.connect(path) as conn, conn.cursor() as cursor:
+        try:
+            for start in range(0, len(df), ROWS_PER_WRITE):  # slice by slice: one Arrow copy at a time
+                cursor.adbc_ingest(name, pa.Table.from_pandas(df.iloc[start:start + ROWS_PER_WRITE], preserve_index=False),
+                                   mode="append")
+        except arrow_errors:
+            conn.rollback()  # nothing of this table was committed: to_sql writes all of it
+            return False
+        conn.commit()
+    return True
+
+
+def _database_file(db: sqlite_utils.Database) -> str | None:
+    """The file behind ``db`` (None for an in-memory database)."""
+    rows = db.conn.execute("PRAGMA database_list").fetchall()
+    return next((r[2] for r in rows if r[1] == "main" and r[2]), None)
 
 
 def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict) -> sqlite_utils.Database:
