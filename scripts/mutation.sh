@@ -6,6 +6,7 @@
 #   python -m pip install -e ".[test,mutation]"
 #   bash scripts/mutation.sh                       # every mutant (hours on 2 cores)
 #   MUTMUT_SAMPLE=50 bash scripts/mutation.sh      # 50 mutants per module, drawn at random (seed 25)
+#   MUTMUT_NAMES_FROM=survivors.txt bash scripts/mutation.sh   # these mutants only (one name per line)
 #   then: mutmut results; mutmut show <mutant>
 #
 # Prints the score per module and in all: killed / (killed + survived + timed out); mutants no
@@ -17,7 +18,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 rm -rf mutants
 names=()
-if [ -n "${MUTMUT_SAMPLE:-}" ]; then
+if [ -n "${MUTMUT_NAMES_FROM:-}" ]; then
+  # a list of mutants, one name per line (e.g. the survivors of the last run, after new tests)
+  mutmut run "gpudiag.no-such-mutant" > /dev/null 2>&1
+  mapfile -t names < "$MUTMUT_NAMES_FROM"
+elif [ -n "${MUTMUT_SAMPLE:-}" ]; then
   # mutmut writes every mutant's name into mutants/**/*.meta before it refuses a filter that
   # matches none: generate, then draw the sample from those names.
   mutmut run "gpudiag.no-such-mutant" > /dev/null 2>&1
