@@ -276,3 +276,23 @@ def test_overhead_bound_fires_on_launch_bound_steps_only(name, fires, analysed):
         assert rec["evidence"][1] == (f"{len(k) / n:.0f} kernel launches/step, "
                                       f"{(k['kernel_class'] == 'overhead').sum() / n:.0f} of them overhead-bound")
         assert rec["title"] == "The GPU waits for the host to launch kernels"
+
+
+def test_host_sync_evidence_counts_the_synchronizing_calls(analysed):
+    """input_pipeline_bad (H200): GD-HOST-SYNC lists the synchronizing API calls per measured step
+    (``_v`` suffixes folded) and the host time they block; it fires on any sync."""
+    import re
+
+    db, report = analysed("input_pipeline_bad")
+    api = pd.read_sql_query("SELECT r.name, r.start_ns, r.end_ns FROM runtime_api r JOIN steps s"
+                            " ON r.start_ns >= s.cpu_start_ns AND r.start_ns < s.cpu_end_ns WHERE s.measured", db.conn)
+    n = db.conn.execute("SELECT count(*) FROM steps WHERE measured").fetchone()[0]
+    syncs = api[api["name"].str.match(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|"
+                                      r"cudaMemcpy(_v\d+)?$|cudaMemcpy2D(_v\d+)?$)")]
+    assert len(syncs) > 0
+    counts = syncs["name"].map(lambda s: re.sub(r"_v\d+$", "", s)).value_counts()
+    blocked = (syncs["end_ns"] - syncs["start_ns"]).sum() / n
+    rec = _rec(report, "GD-HOST-SYNC")
+    assert rec["title"] == "The step synchronizes the host with the GPU"
+    assert rec["evidence"][0] == (f"{len(syncs) / n:.1f} synchronizing calls/step blocking the host {blocked / 1e6:.2f} "
+                                  "ms/step: " + ", ".join(f"{name} x{c / n:.1f}" for name, c in counts.items()))
