@@ -44,6 +44,7 @@ def _payload(op: str, *tensors) -> str:
     ("aten::addmm", ["bfloat16[250]", "bfloat16[64,128]", "bfloat16[128,250]"], ["N=250"]),  # the bias is not an operand
     ("aten::bmm", ["bfloat16[8,64,100]", "bfloat16[8,100,64]"], ["K=100"]),
     ("aten::mm", ["bfloat16[100]", "bfloat16[100,256]"], []),  # a vector: no GEMM shape
+    ("aten::mm", ["float32[64,100]", "bfloat16[100,256]"], []),  # the first operand's type decides
     ("aten::mm", ["bfloat16[64,128]"], []),
 ])
 def test_gemm_alignment_is_nvidias_tensor_core_table(op, tensors, expected):
@@ -79,6 +80,7 @@ def test_unfused_norm_saving_is_the_forward_time_minus_one_fused_pass(analysed):
     bandwidth = report["device"]["memory_bandwidth_bytes_per_s"]
     saving = unfused["ns"].sum() / n - len(unfused) * 2 * largest / bandwidth * 1e9
     rec = _rec(report, "GD-UNFUSED-NORM")
+    assert rec["title"] == "Normalization is written op by op (several kernels per call)"
     assert rec["saving_ns_per_step"] == pytest.approx(saving, rel=1e-9)
     assert f"{len(unfused)} calls x 2 x {largest / 1e6:.1f} MB" in rec["estimate"]
     assert rec["saving_percent_of_step"] == pytest.approx(100 * saving / report["steps"]["step_time_ns"]["mean"], rel=1e-9)
@@ -209,7 +211,7 @@ def test_gemm_alignment_saving_and_the_vocabulary_gemm(analysed):
     rec = _rec(report, "GD-GEMM-ALIGN")
     assert rec["saving_ns_per_step"] == pytest.approx(saving, rel=1e-9)
     assert rec["title"] == "GEMM dimensions are not multiples of 8"
-    assert any(e.startswith("aten::mm ") and e.endswith("(N=50257)") for e in rec["evidence"])  # the LM head
+    assert any(e.startswith("aten::mm ['bfloat16[4096,768]") and e.endswith("(N=50257)") for e in rec["evidence"])  # LM head
     assert any(e.startswith("aten::mm ") and e.endswith("(K=50257)") for e in rec["evidence"])  # its backward
     assert f"{reference:.2f}, the median roofline efficiency" in rec["estimate"]
 
@@ -299,3 +301,23 @@ def test_host_sync_evidence_counts_the_synchronizing_calls(analysed):
     assert rec["title"] == "The step synchronizes the host with the GPU"
     assert rec["evidence"][0] == (f"{len(syncs) / n:.1f} synchronizing calls/step blocking the host {blocked / 1e6:.2f} "
                                   "ms/step: " + ", ".join(f"{name} x{c / n:.1f}" for name, c in counts.items()))
+
+
+def test_fp8_inference_counts_the_16_bit_contractions(analysed):
+    """mlp_chain_b4096 (H200, bf16 inference): GD-FP8-INFERENCE fires on the bf16/fp16 GEMM time."""
+    from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES
+
+    db, report = analysed("mlp_chain_b4096")
+    k, n = _measured_kernels(db)
+    paths = pd.read_sql_query("SELECT kernel_id, math_path FROM kernel_class", db.conn)
+    k = k.merge(paths, on="kernel_id")
+    gemm = k[k["family"].isin(CONTRACTION_FAMILIES) & k["math_path"].isin(["bf16", "fp16"])]
+    ns = gemm["duration_ns"].sum() / n
+    rec = _rec(report, "GD-FP8-INFERENCE")
+    assert ns > 0 and rec["evidence"][0].startswith(f"{ns / 1e6:.2f} ms/step in bf16/fp16 contractions")
+
+
+def test_multi_stream_names_itself(analysed):
+    _, report = analysed("towers_inference")
+    rec = _rec(report, "GD-MULTI-STREAM")
+    assert rec["title"] == "Independent kernels run one after another on one stream" and rec["saving_ns_per_step"] > 0
