@@ -167,6 +167,18 @@ def _same_analysis(report: dict, original: dict) -> None:
         assert report[key] == original[key], key
 
 
+def _reported_as_the_original(source, export, user_folder, tmp_path) -> None:
+    """``source`` (in ``user_folder``, made read-only here) is reported as ``export`` is, and no file
+    in the folder changes."""
+    _read_only(user_folder)
+    before = _state(user_folder)
+    _, original = _report(export, tmp_path / "original")
+    result, report = _report(source, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert _state(user_folder) == before
+    _same_analysis(report, original)
+
+
 def test_a_read_only_export_in_wal_mode_is_read_without_writing_beside_it(tmp_path, export_path, user_folder):
     """An export left in WAL mode (no -wal file) in a read-only folder: read as it is (immutable),
     where it used to be "a damaged SQLite file" (uids without root) or to gain -wal and -shm files
@@ -176,13 +188,7 @@ def test_a_read_only_export_in_wal_mode_is_read_without_writing_beside_it(tmp_pa
     con = sqlite3.connect(source)
     assert con.execute("PRAGMA journal_mode = WAL").fetchone() == ("wal",)
     con.close()
-    _read_only(user_folder)
-    before = _state(user_folder)
-    _, original = _report(export, tmp_path / "original")
-    result, report = _report(source, tmp_path / "out")
-    assert result.exit_code == 0, result.output
-    assert _state(user_folder) == before
-    _same_analysis(report, original)
+    _reported_as_the_original(source, export, user_folder, tmp_path)
 
 
 def test_an_export_with_committed_changes_in_its_wal_is_read_with_them(tmp_path, export_path, user_folder):
@@ -213,10 +219,4 @@ def test_a_hot_journal_is_rolled_back_on_a_copy(tmp_path, export_path, user_fold
               "UPDATE StringIds SET value = value || '_half_written'", commit=False)
     assert (user_folder / "export.sqlite-journal").stat().st_size > 0
     assert hashlib.sha256(source.read_bytes()).digest() != hashlib.sha256(export.read_bytes()).digest()
-    _read_only(user_folder)
-    before = _state(user_folder)
-    _, original = _report(export, tmp_path / "original")
-    result, report = _report(source, tmp_path / "out")
-    assert result.exit_code == 0, result.output
-    assert _state(user_folder) == before
-    _same_analysis(report, original)
+    _reported_as_the_original(source, export, user_folder, tmp_path)

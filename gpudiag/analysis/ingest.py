@@ -60,7 +60,8 @@ def ingest_many(export_paths: list[Path], db_path: Path, source_name: str | None
     is kept). Timestamps (ns) are moved onto one clock: each file's by its capture's start
     (``utcEpochNs``) less the earliest file's, so that one collective's kernels overlap across ranks
     (the transfer/wait split pairs them). Correlation ids are per process, so they need no change;
-    ``kernel_id`` numbers the kernels of all files; the GPU list keeps one row per ``device_id``.
+    ``kernel_id`` numbers the kernels of all files in start order (kernels and NVTX ranges are
+    sorted by start, as one export's are); the GPU list keeps one row per ``device_id``.
     Raises :class:`ValueError` for more than :data:`MAX_FILES` files and
     :class:`gpudiag.sources.nsys_sqlite.ExportError` for a file that is not an export."""
     if len(export_paths) > MAX_FILES:
@@ -73,6 +74,9 @@ def ingest_many(export_paths: list[Path], db_path: Path, source_name: str | None
               for name in store.EXPORT_TABLES}
     tables["devices"] = tables["devices"].drop_duplicates("device_id").reset_index(drop=True) \
         if "device_id" in tables["devices"] else tables["devices"]
+    # one time order over all files, as one export's reader gives it (kernel_id = order by start)
+    for name in ("kernels", "nvtx_ranges"):
+        tables[name] = tables[name].sort_values("start_ns", kind="stable").reset_index(drop=True)
     tables["kernels"].insert(0, "kernel_id", np.arange(len(tables["kernels"]), dtype=np.int64))
     meta = parts[0]["meta"]
     for part in parts[1:]:
