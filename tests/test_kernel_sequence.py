@@ -219,6 +219,31 @@ def test_run_membership_matches_sql_on_the_raw_kernel_table(zoo_pair, name):
     assert sum(c["occurrences_per_step"] for c in cands) * n == pytest.approx(len(starts))
 
 
+@pytest.mark.parametrize("name", ["llama", "resnet50"])
+def test_run_keys_are_the_members_launch_configurations_in_order(zoo_pair, name):
+    """Each run's ``key`` names its members' launch configurations in stream order, one id per
+    distinct (name, grid, block, ...) tuple: recomputed here row by row from the raw columns, and
+    two runs share a key exactly when their members' configuration tuples are equal."""
+    from gpudiag.analysis.fusion.kernel_sequence import CONFIG_COLUMNS
+
+    stripped, db, _ = zoo_pair(name)["stripped"]
+    k = kernels_of(db)
+    runs = kernel_runs(k[k["step"].isin(measured_steps(stripped))])
+    assert len(runs) > 100
+    tuples = {}  # run -> its members' configuration tuples, in order
+    for row in runs.itertuples(index=False):
+        tuples.setdefault(row.run, []).append(tuple(-1 if pd.isna(getattr(row, c)) else getattr(row, c) for c in CONFIG_COLUMNS))
+    keys = runs.groupby("run", sort=False)["key"].agg(["first", "nunique"])
+    assert (keys["nunique"] == 1).all() and all(len(t) >= 2 for t in tuples.values())
+    config_of = dict(zip(map(tuple, runs[CONFIG_COLUMNS].fillna(-1).itertuples(index=False)), runs["config"]))
+    for run, members in tuples.items():
+        assert keys.loc[run, "first"] == " ".join(str(config_of[m]) for m in members)
+    by_key = {}
+    for run, members in tuples.items():
+        by_key.setdefault(keys.loc[run, "first"], set()).add(tuple(members))
+    assert all(len(v) == 1 for v in by_key.values())
+
+
 def test_llama_rmsnorm_occurs_once_per_norm(zoo_pair):
     """LLaMA's RMSNorm (pow -> mean -> ...): 2 per layer x 8 layers + the final norm. The candidates
     matched to rms_norm occur, together, as often per step as SQL finds a pow kernel followed on its
