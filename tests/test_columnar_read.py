@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 
+import numpy as np
 import pandas as pd
 import pytest
 import sqlite_utils
@@ -79,3 +80,23 @@ def test_run_database_written_in_slices_equals_one_write(export_path, tmp_path, 
         assert sliced.conn.execute(schema, [name]).fetchone() == whole.execute(schema, [name]).fetchone()
         typed = f'SELECT {", ".join(f"typeof({c!r}), {c!r}".replace(chr(39), chr(34)) for c in df.columns)} FROM "{name}"'
         assert sliced.conn.execute(typed).fetchall() == whole.execute(typed).fetchall(), name
+
+
+def test_a_frame_read_back_is_kept_as_it_is(export_path, tmp_path):
+    """as_read_back of frames pandas read from the run database file changes nothing and copies no
+    column (the export's tables are not held twice in memory); an odd frame is converted without
+    changing the caller's frame."""
+    ingest(export_path("input_pipeline_good"), tmp_path / "run.sqlite")
+    disk = sqlite_utils.Database(tmp_path / "run.sqlite")
+    for name in FRAMES:
+        read = pd.read_sql_query(f'SELECT * FROM "{name}"', disk.conn)
+        again = columnar.as_read_back(read)
+        pd.testing.assert_frame_equal(again, read, obj=name)
+        for c in read.columns:
+            if read[c].dtype.kind in "if":
+                assert np.shares_memory(again[c].to_numpy(), read[c].to_numpy()), (name, c)
+    odd = pd.DataFrame({"flag": [True, False], "n": pd.array([1, None], dtype="Int64"), "none": [None, None]})
+    before = odd.copy()
+    out = columnar.as_read_back(odd)
+    assert [str(t) for t in out.dtypes] == ["int64", "float64", "object"]
+    pd.testing.assert_frame_equal(odd, before)

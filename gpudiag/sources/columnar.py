@@ -24,12 +24,15 @@ FAST_MIN_ROWS = 20_000  # below this pandas is as fast and connectorx's start-up
 def as_read_back(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with the types ``pandas.read_sql_query`` gives the same values stored in SQLite:
     bools and nullable integers become int64 (float64 with NULLs), text becomes pandas' string
-    dtype, all-NULL columns become object None, an empty frame has object columns."""
+    dtype, all-NULL columns become object None, an empty frame has object columns. Columns already
+    of those types are kept, not copied (a frame read back is read back again at no cost)."""
     if df.empty:
         return pd.DataFrame(columns=list(df.columns) or ["_empty"], dtype=object)
-    out = {}
+    changed = {}
     for c in df.columns:
         s = df[c]
+        if s.dtype == np.int64:  # never NULL: as read back
+            continue
         if s.dtype == bool:
             s = s.astype(np.int64)
         elif isinstance(s.dtype, pd.api.extensions.ExtensionDtype) and pd.api.types.is_integer_dtype(s.dtype):
@@ -38,8 +41,12 @@ def as_read_back(df: pd.DataFrame) -> pd.DataFrame:
             s = s.infer_objects()
         if s.dtype != object and s.isna().all():  # SQLite keeps no type for NULL: read back as None
             s = pd.Series([None] * len(s), index=s.index, dtype=object)
+        if s is not df[c]:
+            changed[c] = s
+    out = df.copy(deep=False)  # copy-on-write: the caller's frame is never changed
+    for c, s in changed.items():
         out[c] = s
-    return pd.DataFrame(out, index=df.index)
+    return out
 
 
 def _database_file(conn: sqlite3.Connection) -> str | None:
