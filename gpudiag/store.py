@@ -21,7 +21,9 @@ column changes meaning; readers refuse other versions with a message saying to r
 from __future__ import annotations
 
 import json
+import sqlite3
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -49,8 +51,18 @@ ROWS_PER_WRITE = 200_000
 def write_table(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
     """Replace table ``name`` with ``df``. sqlite-utils creates the table from the column types;
     pandas streams the rows (a per-row Python insert would not scale to millions of kernels), in
-    slices of :data:`ROWS_PER_WRITE` rows."""
+    slices of :data:`ROWS_PER_WRITE` rows. Where ``db`` writes in the background
+    (:func:`create_run_db` with ``background``), the table is queued there; :func:`flush` waits."""
     _in_memory(db).pop(name, None)
+    writer = _WRITERS.get(db)
+    if writer is not None:
+        writer.submit(name, df)
+        return
+    _write(db, name, df)
+
+
+def _write(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
+    """:func:`write_table` on ``db``'s own connection, now."""
     if name in db.table_names():
         db[name].drop()
     if df.empty:
@@ -82,15 +94,18 @@ def _bulk_append(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> bool
     except ImportError:
         return False
     arrow_errors = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
-    with adbc.connect(path) as conn, conn.cursor() as cursor:
-        try:
-            for start in range(0, len(df), ROWS_PER_WRITE):  # slice by slice: one Arrow copy at a time
-                cursor.adbc_ingest(name, pa.Table.from_pandas(df.iloc[start:start + ROWS_PER_WRITE], preserve_index=False),
-                                   mode="append")
-        except arrow_errors:
-            conn.rollback()  # nothing of this table was committed: to_sql writes all of it
-            return False
-        conn.commit()
+    try:
+        with adbc.connect(path) as conn, conn.cursor() as cursor:
+            try:
+                for start in range(0, len(df), ROWS_PER_WRITE):  # slice by slice: one Arrow copy at a time
+                    cursor.adbc_ingest(name, pa.Table.from_pandas(df.iloc[start:start + ROWS_PER_WRITE],
+                                                                  preserve_index=False), mode="append")
+            except arrow_errors:
+                conn.rollback()  # nothing of this table was committed: to_sql writes all of it
+                return False
+            conn.commit()
+    except adbc.Error as exc:  # a full disk, a read-only folder: in sqlite3's words, as to_sql would say it
+        raise sqlite3.OperationalError(str(exc).splitlines()[0]) from None
     return True
 
 
@@ -100,27 +115,99 @@ def _database_file(db: sqlite_utils.Database) -> str | None:
     return next((r[2] for r in rows if r[1] == "main" and r[2]), None)
 
 
-def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict) -> sqlite_utils.Database:
-    """Write a fresh run database at ``path`` (an existing file is replaced) from ``tables``."""
+def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict,
+                  background: bool = False) -> sqlite_utils.Database:
+    """Write a fresh run database at ``path`` (an existing file is replaced) from ``tables``.
+
+    With ``background``, the tables are written by one thread of this process while the caller
+    goes on: the analysis reads the frames from memory, not the file, and on 2 cores the write
+    (a quarter of a 1 M-kernel report, docs/scale.md) overlaps it. Every later
+    :func:`write_table` on ``db`` is queued behind them, in order; :func:`flush` waits for all
+    and raises the first write's error (sqlite3.OperationalError for a full disk)."""
     if path.exists():
         path.unlink()
     db = sqlite_utils.Database(path)
-    db["meta"].insert_all(
-        [{"key": k, "value": json.dumps(v)} for k, v in
-         {"schema_version": SCHEMA_VERSION, "gpudiag_version": __version__, **meta}.items()],
-        pk="key")
+    full_meta = {"schema_version": SCHEMA_VERSION, "gpudiag_version": __version__, **meta}
+    db["meta"].insert_all([{"key": k, "value": json.dumps(v)} for k, v in full_meta.items()], pk="key")
+    _META[db] = json.loads(json.dumps(full_meta))  # as read_meta reads it back
+    if background:
+        db.conn.commit()
+        _WRITERS[db] = _Writer(path)
     for name, df in tables.items():
         write_table(db, name, df)
-    if "kernel_id" in db["kernels"].columns_dict:
-        db["kernels"].create_index(["kernel_id"], unique=True, if_not_exists=True)
+    if "kernel_id" in tables.get("kernels", pd.DataFrame()).columns:
+        _call(db, lambda d: d["kernels"].create_index(["kernel_id"], unique=True, if_not_exists=True))
     # The analysis that follows reads these frames, not the file: reading millions of rows back
     # cost as much as writing them (docs/scale.md).
     _in_memory(db).update({name: as_read_back(df) for name, df in tables.items()})
     return db
 
 
+class _Writer:
+    """One thread writing a run database's tables in the order given, on its own connection
+    (SQLite connections belong to their thread). ADBC binds the rows in C with the GIL released,
+    so the analysis runs meanwhile (measured in docs/scale.md). ``pending`` names the tables
+    queued and not yet known written."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpudiag-run-db")
+        self.futures: list[Future] = []
+        self.pending: set[str] = set()
+        self.db: sqlite_utils.Database | None = None
+
+    def _db(self) -> sqlite_utils.Database:
+        if self.db is None:  # opened in the writer's thread, used only there
+            self.db = sqlite_utils.Database(self.path)
+        return self.db
+
+    def submit(self, name: str, df: pd.DataFrame) -> None:
+        self.pending.add(name)
+        self.futures.append(self.pool.submit(lambda: _write(self._db(), name, df)))
+
+    def call(self, fn) -> None:
+        self.futures.append(self.pool.submit(lambda: fn(self._db())))
+
+    def close(self) -> BaseException | None:
+        """Wait for every queued write; the first error, if any (the thread's connection closed)."""
+        errors = [f.exception() for f in self.futures]
+        self.pool.submit(lambda: self.db and self.db.conn.close()).result()
+        self.pool.shutdown()
+        return next((e for e in errors if e is not None), None)
+
+
+def _call(db: sqlite_utils.Database, fn) -> None:
+    """``fn(db)`` now, or queued behind the background writes."""
+    writer = _WRITERS.get(db)
+    if writer is not None:
+        writer.call(fn)
+    else:
+        fn(db)
+
+
+def flush(db: sqlite_utils.Database) -> None:
+    """Wait until every table queued for ``db`` is in its file; raise the first write's error.
+    Later writes are made at once. A no-op where nothing writes in the background."""
+    writer = _WRITERS.pop(db, None)
+    if writer is not None:
+        error = writer.close()
+        if error is not None:
+            raise error
+
+
+def close(db: sqlite_utils.Database) -> None:
+    """Wait for ``db``'s background writes (their error, if any, is left to :func:`flush`'s
+    caller: this runs in ``finally`` blocks, after another error) and close its connection."""
+    writer = _WRITERS.pop(db, None)
+    if writer is not None:
+        writer.close()
+    db.conn.close()
+
+
 def read_meta(db: sqlite_utils.Database) -> dict:
     """The ``meta`` table as a dict. Raises :class:`StoreError` for another schema version."""
+    if db in _META:  # written by this process: the file may still be being written (create_run_db)
+        return json.loads(json.dumps(_META[db]))
     if "meta" not in db.table_names():
         raise StoreError(f"{db.conn}: not a gpudiag run database (no meta table)")
     meta = {row["key"]: json.loads(row["value"]) for row in db["meta"].rows}
@@ -136,12 +223,18 @@ def read_table(db: sqlite_utils.Database, name: str) -> pd.DataFrame:
     kept = _in_memory(db).get(name)
     if kept is not None:
         return kept.copy(deep=False)  # copy-on-write: the caller's changes stay its own
+    writer = _WRITERS.get(db)
+    if writer is not None and name not in writer.pending:
+        return pd.DataFrame()  # a fresh database's file holds only meta and the queued tables
+    flush(db)
     if name not in db.table_names():
         return pd.DataFrame()
     return pd.read_sql_query(f'SELECT * FROM "{name}"', db.conn)
 
 
 _FRAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run database -> {table: frame}
+_META: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run database -> its meta, as written
+_WRITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run database -> its background _Writer
 
 
 def _in_memory(db: sqlite_utils.Database) -> dict[str, pd.DataFrame]:

@@ -100,3 +100,34 @@ def test_a_frame_read_back_is_kept_as_it_is(export_path, tmp_path):
     out = columnar.as_read_back(odd)
     assert [str(t) for t in out.dtypes] == ["int64", "float64", "object"]
     pd.testing.assert_frame_equal(odd, before)
+
+
+@pytest.mark.parametrize("name", ["gpt2_train_bf16", "zoo_bert_compile"])
+def test_tables_read_ahead_in_other_threads_equal_those_read_in_turn(export_path, monkeypatch, name):
+    """The large tables read ahead by other threads (columnar.prefetch) give the frames, dropped-row
+    counts and missing columns that reading them in turn gives; no read is left behind."""
+    from gpudiag.sources import nsys_sqlite
+
+    path = export_path(name)
+    ahead = _read(path, monkeypatch, fast=True)
+    assert not columnar._PREFETCHED
+    monkeypatch.setattr(nsys_sqlite, "PREFETCHED", ())
+    _same(ahead, _read(path, monkeypatch, fast=True))
+
+
+def test_a_read_ahead_that_fails_is_read_by_pandas_and_dropped_after_an_error(export_path, monkeypatch, tmp_path):
+    """A prefetched query connectorx refuses is read by pandas as before; reads started for an export
+    whose reading then fails are dropped with it."""
+    path = tmp_path / "odd.sqlite"
+    shutil.copy(export_path("tiny_gemm_gelu"), path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = 'x' WHERE rowid = 5")
+    fast, slow = _read(path, monkeypatch, fast=True), _read(path, monkeypatch, fast=False)
+    _same(fast, slow)
+    assert fast.dropped["runtime_api"]
+    from gpudiag.sources import nsys_sqlite
+
+    monkeypatch.setattr(nsys_sqlite, "_environment", lambda conn, tables: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        _read(path, monkeypatch, fast=True)
+    assert not columnar._PREFETCHED

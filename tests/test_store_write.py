@@ -70,3 +70,55 @@ def test_a_column_arrow_cannot_type_falls_back_to_to_sql_with_nothing_half_writt
     db.conn.commit()
     assert db.conn.execute("SELECT count(*), count(DISTINCT i) FROM t").fetchone() == (n, n)
     assert db.conn.execute("SELECT v, typeof(v) FROM t WHERE i = ?", (n - 1,)).fetchone() == ("text", "text")
+
+
+# ---- the run database written in the background (docs/scale.md: 2 cores, 1 M and 5 M kernels) ------
+
+@pytest.mark.parametrize("name", ["gpt2_train_bf16", "input_pipeline_bad"])
+def test_a_background_write_gives_the_same_file_and_report(name, export_path, tmp_path):
+    """The tables written by the writer thread while the analysis runs: the same file (tables,
+    declared types, values, storage classes) and the same report as written in line."""
+    back = ingest(export_path(name), tmp_path / "back.sqlite", background=True)
+    report_back = analyse(back)
+    line = ingest(export_path(name), tmp_path / "line.sqlite")
+    report_line = analyse(line)
+    back.conn.commit()
+    line.conn.commit()
+    got, want = _contents(tmp_path / "back.sqlite"), _contents(tmp_path / "line.sqlite")
+    assert got == want and {"kernels", "kernel_attribution", "kernel_class", "steps"} <= set(got)
+    assert report_back == report_line
+
+
+def test_background_tables_are_read_after_their_write(export_path, tmp_path):
+    """While the writer may still run: meta and the export's tables come from memory, a table never
+    written reads empty without waiting, and a table queued after ingest is read from the file
+    once written."""
+    db = ingest(export_path("tiny_gemm_gelu"), tmp_path / "run.sqlite", background=True)
+    assert store.read_meta(db)["schema_version"] == store.SCHEMA_VERSION
+    assert store.read_table(db, "ncu_kernels").empty
+    extra = pd.DataFrame({"kernel_id": [3, 1, 2], "x": [0.5, None, 2.0]})
+    store.write_table(db, "extra", extra)
+    read = store.read_table(db, "extra")
+    pd.testing.assert_frame_equal(read, extra)
+    store.close(db)
+    conn = sqlite3.connect(tmp_path / "run.sqlite")
+    n = conn.execute("SELECT COUNT(*) FROM kernels").fetchone()[0]
+    assert n == len(store.read_table(db, "kernels")) > 0
+
+
+def test_a_full_disk_in_the_writer_thread_is_one_line(tmp_path, export_path, monkeypatch):
+    """The writer thread's "database or disk is full": gpudiag report says it in one line, exits
+    non-zero and leaves no output folder, as when the write fails in line."""
+    from click.testing import CliRunner
+
+    from gpudiag.cli.main import cli
+
+    def full(db, name, df):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(store, "_write", full)
+    out = tmp_path / "new" / "out"
+    result = CliRunner().invoke(cli, ["report", str(export_path("tiny_gemm_gelu")), "-o", str(out)])
+    assert result.exit_code != 0 and "disk is full" in result.output and str(out) in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "new").exists()

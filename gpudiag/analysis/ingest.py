@@ -21,9 +21,11 @@ from gpudiag.sources.nsys_sqlite import read_export, session_start_ns
 
 
 def ingest(export_path: Path, db_path: Path, source_name: str | None = None,
-           ncu_path: Path | None = None) -> sqlite_utils.Database:
+           ncu_path: Path | None = None, background: bool = False) -> sqlite_utils.Database:
     """Read the nsys SQLite export at ``export_path`` (and, if given, the Nsight Compute report at
-    ``ncu_path``, into table ``ncu_kernels``) into a new run database at ``db_path``.
+    ``ncu_path``, into table ``ncu_kernels``) into a new run database at ``db_path``; with
+    ``background``, its tables are written while the caller goes on (:func:`gpudiag.store.create_run_db`:
+    ``store.flush`` or ``store.close`` waits; :func:`gpudiag.analysis.pipeline.analyse` flushes).
     Raises :class:`gpudiag.sources.nsys_sqlite.ExportError` for a file that is not an export and
     :class:`gpudiag.sources.ncu.NcuError` for an unreadable ncu report."""
     export = read_export(export_path)
@@ -38,7 +40,8 @@ def ingest(export_path: Path, db_path: Path, source_name: str | None = None,
     return store.create_run_db(db_path, tables, {"source": source_name or export_path.name,
                                                  "ncu_source": ncu_path.name if ncu_path else None,
                                                  "missing": export.missing, "environment": export.environment,
-                                                 "dropped_rows": export.dropped, "rows_read": export.rows_read})
+                                                 "dropped_rows": export.dropped, "rows_read": export.rows_read},
+                                 background=background)
 
 
 # Several exports of one job (one per rank): each file's index is written into bits 52..62 of its
@@ -51,7 +54,8 @@ _ID_COLUMNS = ("global_pid", "global_tid")
 _TIME_COLUMNS = ("start_ns", "end_ns")
 
 
-def ingest_many(export_paths: list[Path], db_path: Path, source_name: str | None = None) -> sqlite_utils.Database:
+def ingest_many(export_paths: list[Path], db_path: Path, source_name: str | None = None,
+                background: bool = False) -> sqlite_utils.Database:
     """Read several nsys SQLite exports of one job (one per rank, as ``nsys profile`` run per rank
     under torchrun writes them) into one run database at ``db_path``, as if one export held them all.
 
@@ -62,7 +66,7 @@ def ingest_many(export_paths: list[Path], db_path: Path, source_name: str | None
     (the transfer/wait split pairs them). Correlation ids are per process, so they need no change;
     ``kernel_id`` numbers the kernels of all files in start order (kernels and NVTX ranges are
     sorted by start, as one export's are); the GPU list keeps one row per ``device_id``.
-    Raises :class:`ValueError` for more than :data:`MAX_FILES` files and
+    ``background``: as :func:`ingest`'s. Raises :class:`ValueError` for more than :data:`MAX_FILES` files and
     :class:`gpudiag.sources.nsys_sqlite.ExportError` for a file that is not an export."""
     if len(export_paths) > MAX_FILES:
         raise ValueError(f"{len(export_paths)} exports: at most {MAX_FILES} can be analysed together")
@@ -85,7 +89,7 @@ def ingest_many(export_paths: list[Path], db_path: Path, source_name: str | None
             meta[key] = _summed(meta[key], part["meta"][key])
     names = [p.name for p in export_paths]
     return store.create_run_db(db_path, tables, {**meta, "source": source_name or f"{len(names)} exports: {', '.join(names)}",
-                                                 "ncu_source": None, "sources": names})
+                                                 "ncu_source": None, "sources": names}, background=background)
 
 
 def _tagged(export, index: int, shift_ns: int) -> dict:

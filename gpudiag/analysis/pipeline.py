@@ -98,6 +98,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     collectives = processes.host_collectives_warning(status, report.get("communication"))
     if collectives:
         report["warnings"].append(collectives)
+    store.flush(db)  # the tables written in the background (ingest's, then the three above) are in the file
     # 5. ranks: every process analysed on its own
     if procs is not None:  # every process analysed on its own (the main one again: a plain function of the file)
         options = {"warmup_steps": warmup_steps, "steps_from": steps_from, "status": launcher_status, "top": top,

@@ -201,6 +201,7 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
     Raises UserError naming the user's files: exit 2 for a file that is not an export or ncu report
     or a Dask scheduler that cannot be reached, 3 for a capture that cannot be analysed (no
     kernels) or an internal error (said in one line)."""
+    from gpudiag import store
     from gpudiag.analysis.pipeline import analyse
     from gpudiag.analysis.ranks.engine import EngineError, RankEngine
 
@@ -231,7 +232,7 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
     except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # a bug, said in one line
         raise internal_error(exc, label) from None
     finally:
-        db.conn.close()
+        store.close(db)  # after the tables written in the background (the analysis flushed them)
 
 
 def _ingest(exports: list[Path], db_path: Path, ncu: Path | None):
@@ -250,8 +251,8 @@ def _ingest(exports: list[Path], db_path: Path, ncu: Path | None):
         ncu_source = _decompressed(ncu, Path(tmp)) if ncu else None
         try:
             if len(exports) == 1:
-                return ingest(sources[0], db_path, source_name=exports[0].name, ncu_path=ncu_source)
-            return ingest_many(sources, db_path)
+                return ingest(sources[0], db_path, source_name=exports[0].name, ncu_path=ncu_source, background=True)
+            return ingest_many(sources, db_path, background=True)
         except (ExportError, NcuError) as exc:
             message = str(exc)  # name the user's files, not the decompressed copies
             for copy, original in zip(sources, exports):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sqlite3
 import urllib.parse
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -54,28 +55,61 @@ def _database_file(conn: sqlite3.Connection) -> str | None:
     return row[2] if row and row[2] else None
 
 
+def _fast_path(conn: sqlite3.Connection, rows_hint: int | None) -> str | None:
+    """The database file connectorx may read for ``conn`` (None where pandas reads: see :func:`read_sql`)."""
+    path = _database_file(conn)
+    fast = getattr(conn, "fast_read", True) and conn.text_factory is str
+    return path if path and fast and (rows_hint is None or rows_hint >= FAST_MIN_ROWS) else None
+
+
+def _connectorx_read(path: str, sql: str) -> pd.DataFrame:
+    """``sql`` on the file ``path`` read by connectorx, with pandas' types; raises whatever it
+    raises (ImportError without it; a Rust panic is a BaseException)."""
+    import connectorx
+
+    return as_read_back(connectorx.read_sql("sqlite://" + urllib.parse.quote(path), sql))
+
+
+# connectorx 0.4.6 builds frames with a pandas call pandas 4 drops: not the user's concern. A filter
+# for its module, set once: warnings.catch_warnings is not thread-safe and the reads run in threads.
+for _category in (FutureWarning, DeprecationWarning):
+    warnings.filterwarnings("ignore", category=_category, module="connectorx")
+
+
+# Reads started ahead (prefetch), per connection: connectorx reads in Rust with the GIL released,
+# so on 2 cores a large table is read while this thread checks the rows of the one before.
+_READER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpudiag-read")
+_PREFETCHED: dict[int, dict] = {}  # id of a connection -> {sql: Future}; emptied by forget_prefetched
+
+
+def prefetch(conn: sqlite3.Connection, sql: str, rows_hint: int | None = None) -> None:
+    """Start reading ``sql`` in another thread where :func:`read_sql` would read it with connectorx;
+    the next ``read_sql(conn, sql)`` takes the result (or, if that read failed, reads as it always
+    does). Call :func:`forget_prefetched` when ``conn`` is done with."""
+    path = _fast_path(conn, rows_hint)
+    if path is not None:
+        _PREFETCHED.setdefault(id(conn), {})[sql] = _READER.submit(_connectorx_read, path, sql)
+
+
+def forget_prefetched(conn: sqlite3.Connection) -> None:
+    """Drop the reads started for ``conn`` and not taken (after an error), waiting for them to end."""
+    for future in _PREFETCHED.pop(id(conn), {}).values():
+        future.cancel() or future.exception()
+
+
 def read_sql(conn: sqlite3.Connection, sql: str, rows_hint: int | None = None) -> pd.DataFrame:
     """The result of ``sql`` on ``conn``'s database file, as ``pandas.read_sql_query(sql, conn)``
     gives it. Read by connectorx when installed, the connection is a file with default text
     handling and ``rows_hint`` (rows the query returns, or None if unknown) is at least
-    :data:`FAST_MIN_ROWS`; else, or when connectorx refuses the data, by pandas. A connection
-    whose ``fast_read`` is False (an export opened immutable, which connectorx would open as SQLite
-    does, writing beside it) is read by pandas."""
-    path = _database_file(conn)
-    fast = getattr(conn, "fast_read", True) and conn.text_factory is str
-    if path and fast and (rows_hint is None or rows_hint >= FAST_MIN_ROWS):
+    :data:`FAST_MIN_ROWS` (or taken from a :func:`prefetch` of the same query); else, or when
+    connectorx refuses the data, by pandas. A connection whose ``fast_read`` is False (an export
+    opened immutable, which connectorx would open as SQLite does, writing beside it) is read by pandas."""
+    future = _PREFETCHED.get(id(conn), {}).pop(sql, None)
+    path = _fast_path(conn, rows_hint)
+    if future is not None or path is not None:
         try:
-            import connectorx
-        except ImportError:
-            connectorx = None
-        if connectorx is not None:
-            try:
-                with warnings.catch_warnings():  # connectorx 0.4.6 builds frames with a pandas call pandas 4 drops
-                    warnings.simplefilter("ignore", category=FutureWarning)
-                    warnings.simplefilter("ignore", category=DeprecationWarning)
-                    frame = connectorx.read_sql("sqlite://" + urllib.parse.quote(path), sql)
-                return as_read_back(frame)
-            except BaseException as exc:  # refused (odd types, bad UTF-8; a Rust panic is a BaseException)
-                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                    raise
+            return future.result() if future is not None else _connectorx_read(path, sql)
+        except BaseException as exc:  # refused (odd types, bad UTF-8; a Rust panic is a BaseException)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
     return pd.read_sql_query(sql, conn)

@@ -113,6 +113,13 @@ def _select(conn, table: str, wanted: dict[str, str], tables: set[str], missing:
         if table in CORE_TABLES:
             missing.append(table)
         return pd.DataFrame(columns=list(wanted.values()))
+    sql, rows = _select_sql(conn, table, wanted, where, missing)
+    return columnar.read_sql(conn, sql, rows_hint=rows)
+
+
+def _select_sql(conn, table: str, wanted: dict[str, str], where: str = "",
+                missing: list[str] | None = None) -> tuple[str, int]:
+    """(the SELECT of :func:`_select` on ``table``, an existing table; its rowid bound, a row count hint)."""
     have = _columns(conn, table)
     parts = []
     for src, dst in wanted.items():
@@ -120,9 +127,22 @@ def _select(conn, table: str, wanted: dict[str, str], tables: set[str], missing:
             parts.append(f'"{src}" AS "{dst}"')
         else:
             parts.append(f'NULL AS "{dst}"')
-            missing.append(f"{table}.{src}")
+            if missing is not None:
+                missing.append(f"{table}.{src}")
     rows = conn.execute(f"SELECT MAX(rowid) FROM {table}").fetchone()[0]  # cheap: the last key of the b-tree
-    return columnar.read_sql(conn, f"SELECT {', '.join(parts)} FROM {table} {where}", rows_hint=rows or 0)
+    return f"SELECT {', '.join(parts)} FROM {table} {where}", rows or 0
+
+
+# The large tables, read by other threads while this one checks the rows of the ones before
+# (columnar.prefetch: connectorx reads with the GIL released); in the order _read_export reads them.
+PREFETCHED = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER", "NVTX_EVENTS")
+
+
+def _prefetch(conn, tables: set[str], nvtx_where: str) -> None:
+    """Start reading :data:`PREFETCHED` tables in the background (:func:`columnar.prefetch`)."""
+    for table in PREFETCHED:
+        if table in tables:
+            columnar.prefetch(conn, *_select_sql(conn, table, READ_COLUMNS[table], nvtx_where if table == "NVTX_EVENTS" else ""))
 
 
 def _strings(conn, tables: set[str], missing: list[str], dropped: dict) -> pd.Series:
@@ -322,6 +342,10 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
         tables = _tables(conn)
         missing: list[str] = []
         dropped: dict = {}
+        nvtx_cols = _columns(conn, "NVTX_EVENTS") if "NVTX_EVENTS" in tables else set()
+        ranges_only = (f"WHERE eventType IN ({NVTX_PUSHPOP}, {NVTX_STARTEND}) AND end IS NOT NULL"
+                       if {"eventType", "end"} <= nvtx_cols else "")
+        _prefetch(conn, tables, ranges_only)
         strings = _strings(conn, tables, missing, dropped)
 
         k = _select(conn, "CUPTI_ACTIVITY_KIND_KERNEL", READ_COLUMNS["CUPTI_ACTIVITY_KIND_KERNEL"], tables, missing)
@@ -378,9 +402,6 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
         sy = row_checks.numeric(row_checks.valid_times(sy, "sync", dropped, duration=True), "sync",
                                 ["global_pid", "correlation_id", "stream_id"], dropped)
 
-        nvtx_cols = _columns(conn, "NVTX_EVENTS") if "NVTX_EVENTS" in tables else set()
-        ranges_only = (f"WHERE eventType IN ({NVTX_PUSHPOP}, {NVTX_STARTEND}) AND end IS NOT NULL"
-                       if {"eventType", "end"} <= nvtx_cols else "")
         nv = _select(conn, "NVTX_EVENTS", READ_COLUMNS["NVTX_EVENTS"], tables, missing, where=ranges_only)
         nv = nv.dropna(subset=["start_ns", "end_ns"])  # marks and unfinished ranges: not ranges, not odd
         rows_read["nvtx_ranges"] = len(nv)
@@ -400,6 +421,7 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
                           nvtx_ranges=nv, devices=dev, environment=_environment(conn, tables), missing=missing,
                           dropped=dropped, rows_read=rows_read)
     finally:
+        columnar.forget_prefetched(conn)  # an error above leaves reads started: drop them
         conn.close()
 
 
