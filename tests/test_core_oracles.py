@@ -267,16 +267,17 @@ def test_idle_split_per_step_is_recomputed_from_the_gpu_timeline(name, analysed)
     steps = pd.read_sql_query("SELECT * FROM steps WHERE measured", db.conn)
     n = len(steps)
     assert n
+    windows = [(int(s.step), s.window_start_ns, s.gpu_end_ns) for s in steps.itertuples()]
+    first_kernel = k.groupby("step")["start_ns"].min().to_dict()
     host, other, at_start = {}, {}, {}
     for start, end, host_bound in _gpu_idle_by_hand(db):
-        holder = [s for s in steps.itertuples() if s.window_start_ns <= start and end <= s.gpu_end_ns]
+        holder = [step for step, w_start, w_end in windows if w_start <= start and end <= w_end]
         if not holder:
             continue
-        step = int(holder[0].step)
-        first_kernel = k.loc[k["step"] == step, "start_ns"].min()
+        step = holder[0]
         if host_bound:
             host[step] = host.get(step, 0) + (end - start)
-            if end <= first_kernel:
+            if end <= first_kernel[step]:
                 at_start[step] = at_start.get(step, 0) + (end - start)
         else:
             other[step] = other.get(step, 0) + (end - start)
