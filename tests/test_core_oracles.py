@@ -14,6 +14,7 @@ import pytest
 
 from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, op_cost
 from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES
+from conftest import status_of
 
 # small real captures (H200 and H100): shapes, ncu, no shapes, data flow, an input stall, inference
 CLASSIFIED = ["rmsnorm_train", "tiny_gemm_gelu", "zoo_vit", "towers_inference", "input_pipeline_bad"]
@@ -24,7 +25,7 @@ DATA_FLOW = ["zoo_vit", "towers_inference", "gpt2_train_bf16"]
 def _kernels(db) -> pd.DataFrame:
     return pd.read_sql_query(
         "SELECT k.kernel_id, k.name, k.duration_ns, k.start_ns, k.grid_x, k.grid_y, k.grid_z, k.block_x, k.block_y,"
-        " k.block_z, a.step, a.op, a.op_args, a.op_call, a.api_start_ns, c.* FROM kernels k"
+        " k.block_z, a.step, a.module, a.op, a.op_args, a.op_call, a.api_start_ns, c.* FROM kernels k"
         " JOIN kernel_attribution a USING (kernel_id) JOIN kernel_class c USING (kernel_id) ORDER BY k.kernel_id",
         db.conn).loc[:, lambda f: ~f.columns.duplicated()]
 
@@ -187,9 +188,16 @@ def test_breakdown_and_step_statistics_are_means_over_the_measured_steps(name, a
                                                 "median": pytest.approx(statistics.median(times)),
                                                 "min": min(times), "max": max(times)}
     both = [e["step_time_ns"] for e in entries if e["measured"] or e["outlier"]]
-    assert report["steps"]["step_time_ns_with_outliers"]["max"] == max(both)
-    assert report["steps"]["step_time_ns_with_outliers"]["median"] == pytest.approx(statistics.median(both))
+    assert report["steps"]["step_time_ns_with_outliers"] == {"mean": pytest.approx(statistics.fmean(both)),
+                                                              "median": pytest.approx(statistics.median(both)),
+                                                              "min": min(both), "max": max(both)}
     assert report["steps"]["measured"] == len(measured)
+    # each entry's flags: the first steps warm up, the launcher's detail step, the rest measured or outliers
+    warmup = report["steps"]["warmup_steps"]
+    assert warmup > 0 and [e["warmup"] for e in entries] == [i < warmup for i in range(len(entries))]
+    assert [e["step"] for e in entries if e["detail"]] == [report["steps"]["detail_step"]]
+    assert all(e["measured"] != (e["warmup"] or e["detail"] or e["outlier"]) for e in entries)
+    assert sum(e["outlier"] for e in entries) == report["steps"]["outliers"]
     step = statistics.fmean(times)
     with_classes = [e for e in measured if "compute_ns" in e]
     for key in ("compute", "bandwidth", "overhead", "communication"):
@@ -209,6 +217,11 @@ def test_per_step_metrics_are_the_gates_samples(name, analysed):
     k = _kernels(db)
     entries = {e["step"]: e for e in _steps(report)}
     metrics = report["per_step_metrics"]
+    listed = [row["module"] for row in report["modules"]]
+    measured_kernels = k[k["step"].isin([m["step"] for m in metrics])]
+    seen = {mod for mod in listed
+            if (measured_kernels["module"].eq(mod) | measured_kernels["module"].str.startswith(mod + ".")).any()}
+    assert listed and seen
     assert [m["step"] for m in metrics] == [e["step"] for e in _steps(report) if e["measured"]]
     for m in metrics:
         e = entries[m["step"]]
@@ -217,6 +230,92 @@ def test_per_step_metrics_are_the_gates_samples(name, analysed):
         assert m["overhead_percent"] == pytest.approx(100 * e["overhead_ns"] / e["step_time_ns"], rel=1e-12)
         mine = k[k["step"] == m["step"]]
         assert m["families_ns"] == pytest.approx(mine.groupby("family")["duration_ns"].sum().astype(float).to_dict())
+        # a module of the module table: its kernels' time and its submodules' (dotted paths under it)
+        inclusive = {mod: float(mine.loc[(mine["module"] == mod) | mine["module"].str.startswith(mod + "."),
+                                         "duration_ns"].sum()) for mod in listed}
+        assert m["modules_ns"] == pytest.approx({mod: ns for mod, ns in inclusive.items() if mod in seen})
+        assert m["peak_memory_bytes"] == status_of(name)["peak_memory_bytes_per_step"][str(m["step"])]
+
+
+def _gpu_idle_by_hand(db) -> list[tuple[int, int, bool]]:
+    """(start, end, host_bound) of every interval where no kernel, copy or memset runs, between the
+    first and the last GPU activity: a walk over the activities in start order; host-bound when the
+    launch call of the activity that ends the interval returned after the GPU went idle."""
+    rows = sorted(db.conn.execute(
+        "SELECT a.start_ns, a.end_ns, r.end_ns FROM (SELECT start_ns, end_ns, correlation_id, global_pid FROM kernels"
+        " UNION ALL SELECT start_ns, end_ns, correlation_id, global_pid FROM memcpy"
+        " UNION ALL SELECT start_ns, end_ns, correlation_id, global_pid FROM memset) a LEFT JOIN runtime_api r"
+        " ON r.correlation_id = a.correlation_id AND r.global_pid = a.global_pid").fetchall())
+    assert len({r[0] for r in rows}) == len(rows), "no two activities start together: the one ending a gap is known"
+    gaps, busy_until = [], rows[0][1]
+    for start, end, api_end in rows[1:]:
+        if start > busy_until:
+            gaps.append((busy_until, start, api_end is not None and api_end > busy_until))
+        busy_until = max(busy_until, end)
+    return gaps
+
+
+@pytest.mark.parametrize("name", ["input_pipeline_bad", "rmsnorm_train", "towers_inference"])
+def test_idle_split_per_step_is_recomputed_from_the_gpu_timeline(name, analysed):
+    """Each GPU-idle interval belongs to the measured step whose window (from the previous step's
+    GPU end to its own) holds it; host-bound idle of a step is in its entry and counts as
+    overhead; the report's idle section is the sum over the measured steps per step, split into
+    host-bound and other, and host-bound idle ending at or before the step's first kernel (the
+    input stall)."""
+    db, report = analysed(name)
+    k = _kernels(db)
+    steps = pd.read_sql_query("SELECT * FROM steps WHERE measured", db.conn)
+    n = len(steps)
+    assert n
+    windows = [(int(s.step), s.window_start_ns, s.gpu_end_ns) for s in steps.itertuples()]
+    first_kernel = k.groupby("step")["start_ns"].min().to_dict()
+    host, other, at_start = {}, {}, {}
+    for start, end, host_bound in _gpu_idle_by_hand(db):
+        holder = [step for step, w_start, w_end in windows if w_start <= start and end <= w_end]
+        if not holder:
+            continue
+        step = holder[0]
+        if host_bound:
+            host[step] = host.get(step, 0) + (end - start)
+            if end <= first_kernel[step]:
+                at_start[step] = at_start.get(step, 0) + (end - start)
+        else:
+            other[step] = other.get(step, 0) + (end - start)
+    idle = report["idle"]
+    assert idle["host_bound_idle_ns_per_step"] == pytest.approx(sum(host.values()) / n, rel=1e-12)
+    assert idle["other_idle_ns_per_step"] == pytest.approx(sum(other.values()) / n, rel=1e-12)
+    assert idle["step_start_idle_ns_per_step"] == pytest.approx(sum(at_start.values()) / n, rel=1e-12)
+    entries = {e["step"]: e for e in _steps(report)}
+    for step in steps["step"]:
+        e = entries[int(step)]
+        assert e["host_bound_idle_ns"] == host.get(int(step), 0)
+        assert e["other_idle_ns"] == e["idle_ns"] - host.get(int(step), 0)
+    if name == "input_pipeline_bad":  # the loader stalls every step before its first kernel
+        assert idle["step_start_idle_ns_per_step"] > 0.5 * idle["host_bound_idle_ns_per_step"] > 0
+
+
+def test_without_measured_steps_the_step_statistics_are_empty_not_zero_division(analysed):
+    """A step table without measured steps (every window empty of GPU work): no idle interval
+    belongs to a step (-1), per-step sums are NaN, the step-time statistics None and the breakdown
+    of no step zero ns (NaN percent of a NaN step), where a division by zero or a KeyError would stop
+    the analysis."""
+    from gpudiag.analysis.steps import step_stats
+
+    db, report = analysed("input_pipeline_bad")
+    gaps = pd.DataFrame(_gpu_idle_by_hand(db), columns=["start_ns", "end_ns", "host_bound"])
+    gaps["duration_ns"] = gaps["end_ns"] - gaps["start_ns"]
+    none = pd.read_sql_query("SELECT * FROM steps WHERE measured AND NOT measured", db.conn)
+    assert len(gaps) and none.empty and "window_start_ns" in none
+    idle = step_stats.idle_steps(gaps, none)
+    assert len(idle) == len(gaps) and (idle["step"] == -1).all()
+    assert math.isnan(step_stats.per_step(idle["duration_ns"], 0))
+    assert step_stats.stats(none["step_time_ns"].astype(float)) == dict.fromkeys(("mean", "median", "min", "max"))
+    unmeasured = [e for e in _steps(report) if not e["measured"]]  # warm-up, detail and outlier steps
+    assert unmeasured
+    ns, percent = step_stats.breakdown(unmeasured, float("nan"))
+    assert ns == dict.fromkeys(("compute_ns", "bandwidth_ns", "overhead_ns", "communication_ns", "idle_ns"), 0.0)
+    assert set(percent) == {"compute", "bandwidth", "overhead", "communication", "idle"}
+    assert all(math.isnan(v) for v in percent.values())
 
 
 # ---- fusion savings ------------------------------------------------------------------------------
@@ -346,6 +445,104 @@ def test_a_launch_without_a_detail_step_partner_gets_its_configurations_median(a
     assert out["bytes"].iloc[-1] == pytest.approx(mine["bytes"].median(), rel=1e-12)
     assert out["math_path"].iloc[-1] == mine["math_path"].iloc[0]
     assert (out.iloc[:-1]["kernel_class"].to_numpy() == classes["kernel_class"].to_numpy()).all()
+
+
+def _classify_inputs(db) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(kernels, attribution, stored classes) of a run database, in kernel order."""
+    return tuple(pd.read_sql_query(f"SELECT * FROM {table} ORDER BY kernel_id", db.conn)
+                 for table in ("kernels", "kernel_attribution", "kernel_class"))
+
+
+def _device_dict(device) -> dict:
+    return {"launch_overhead_ns": device.launch_overhead_ns, "sm_count": device.sm_count,
+            "peak_flop_per_s": device.flops, "memory_bandwidth_bytes_per_s": device.bandwidth}
+
+
+def _rows(kernels: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
+    return kernels[["duration_ns", "grid_x", "grid_y", "grid_z"]].join(
+        out[["family", "evidence", "math_path", "flop", "bytes"]])
+
+
+def test_a_kernel_exactly_at_the_ridge_is_compute_bound(analysed):
+    """design.md: at or above the ridge point of its math path a kernel is compute-bound. A device
+    whose ridge is exactly one real kernel's intensity (its FLOPs as the peak, its bytes as the
+    bandwidth) puts that kernel on the ridge; every kernel still follows the rules from its row."""
+    import dataclasses
+
+    from gpudiag.analysis.roofline import peaks
+    from gpudiag.analysis.roofline.classify import classify
+
+    db, report = analysed("rmsnorm_train")
+    kernels, attribution, classes = _classify_inputs(db)
+    device = peaks.lookup(report["device"]["name"], report["device"]["sm_count"])
+    long_enough = kernels["duration_ns"] >= device.launch_overhead_ns
+    shaped = classes[(classes["evidence"] == "shapes") & long_enough & (classes["flop"] > 0) & (classes["bytes"] > 0)]
+    assert len(shaped)
+    on_ridge = shaped.index[0]
+    row = classes.loc[on_ridge]
+    at_ridge = dataclasses.replace(device, bandwidth=float(row["bytes"]),
+                                   flops={**device.flops, row["math_path"]: float(row["flop"])})
+    out = classify(kernels, attribution, at_ridge)
+    assert out.at[on_ridge, "intensity"] == out.at[on_ridge, "ridge"]
+    assert out.at[on_ridge, "kernel_class"] == "compute"
+    rows = _rows(kernels, out)
+    assert list(out["kernel_class"]) == [_expected_class(r, _device_dict(at_ridge)) for r in rows.itertuples()]
+
+
+def test_a_contraction_whose_kernels_have_unrecognized_names_shares_its_flops_by_duration(analysed):
+    """A matmul whose kernels the name rules do not know (a new library's kernel names, as cuBLAS's
+    ``nvjet`` once were) still does the op's multiply-adds: with no contraction-family kernel in
+    the call, its FLOPs are shared among the call's kernels by duration, like its bytes."""
+    from gpudiag.analysis.attribution.families import families
+    from gpudiag.analysis.roofline import peaks
+    from gpudiag.analysis.roofline.classify import classify
+
+    db, report = analysed("rmsnorm_train")
+    kernels, attribution, classes = _classify_inputs(db)
+    contraction = classes["family"].isin(CONTRACTION_FAMILIES)
+    in_calls = contraction & attribution["op"].isin(CONTRACTION_OPS) & (attribution["op_call"] >= 0)
+    assert in_calls.any()
+    renamed = kernels.copy()
+    renamed.loc[contraction, "name"] = [f"renamed_kernel_{i}" for i in pd.factorize(kernels.loc[contraction, "name"])[0]]
+    device = peaks.lookup(report["device"]["name"], report["device"]["sm_count"])
+    out = classify(renamed, attribution, device)
+    assert not families(renamed["name"]).isin(CONTRACTION_FAMILIES).any()
+    frame = attribution[["kernel_id", "op_call", "op", "op_args"]].assign(
+        duration_ns=kernels["duration_ns"], family=out["family"])
+    detail = db.conn.execute("SELECT step FROM steps WHERE detail").fetchone()[0]
+    by_hand = _shape_costs_by_hand(frame[attribution["step"] == detail])
+    rows = out.set_index("kernel_id")
+    checked = 0
+    for kernel_id in kernels.loc[in_calls & (attribution["step"] == detail), "kernel_id"]:
+        flop, nbytes, path = by_hand[kernel_id]
+        assert flop > 0
+        assert rows.at[kernel_id, "flop"] == pytest.approx(flop, rel=1e-9)
+        assert rows.at[kernel_id, "bytes"] == pytest.approx(nbytes, rel=1e-9)
+        checked += 1
+    assert checked
+
+
+def test_ncu_rows_without_roofline_counters_are_left_out(analysed, analysed_with_ncu):
+    """An Nsight Compute report without the roofline counters (FLOPs not collected) measures
+    nothing: every kernel keeps the classification the op shapes give (the analysis of the same
+    export without the report), and none has evidence ``ncu``."""
+    import numpy as np
+
+    from gpudiag import store
+    from gpudiag.analysis.roofline import peaks
+    from gpudiag.analysis.roofline.classify import classify
+
+    ncu = store.read_table(analysed_with_ncu("mlp_decode")[0], "ncu_kernels")
+    assert len(ncu)
+    db, report = analysed("mlp_decode")
+    kernels, attribution, without_ncu = _classify_inputs(db)
+    device = peaks.lookup(report["device"]["name"], report["device"]["sm_count"])
+    out = classify(kernels, attribution, device, ncu.assign(flop=np.nan))
+    assert "ncu" not in set(out["evidence"]) and (out["evidence"] == "shapes").any()
+    assert list(out["kernel_class"]) == list(without_ncu["kernel_class"])
+    assert list(out["evidence"]) == list(without_ncu["evidence"])
+    pd.testing.assert_series_equal(out["flop"], without_ncu["flop"], check_names=False)
+    pd.testing.assert_series_equal(out["bytes"], without_ncu["bytes"], check_names=False)
 
 
 @pytest.mark.parametrize("name", ["tiny_gemm_gelu", "rmsnorm_train", "zoo_vit"])

@@ -138,3 +138,29 @@ def test_trials_bars_are_predicted_and_measured_savings_with_escaped_changes(tri
     assert _values(predicted, "y") == pytest.approx([(t.get("predicted_saving_ns") or 0) / 1e6 for t in measured])
     assert _values(bare, "y") == pytest.approx([t["saving_ns"] / 1e6 for t in measured])
     assert html.trials_chart({**report, "trials": [{**t, "saving_ns": None} for t in report["trials"]]}) == ""
+
+
+def _layout(chart_html: str) -> dict:
+    """The layout of one chart: the JSON object after the traces in the Plotly.newPlot call."""
+    call = re.search(r'Plotly\.newPlot\(\s*"[^"]+",\s*', chart_html)
+    decoder = json.JSONDecoder()
+    _, end = decoder.raw_decode(chart_html, call.end())
+    layout, _ = decoder.raw_decode(chart_html, re.compile(r",\s*").match(chart_html, end).end())
+    return layout
+
+
+def test_each_axis_title_names_the_unit_its_values_are_plotted_in(analysed, trials_report):
+    """The tests above check the plotted numbers' units (ms, µs, FLOP/byte, FLOP/s); each axis
+    says which, and the roofline's axes are logarithmic (intensities and rates span decades)."""
+    _, report = analysed("rmsnorm_train")
+    breakdown = _layout(html.breakdown_chart(report))
+    assert "(ms)" in breakdown["yaxis"]["title"]["text"] and breakdown["barmode"] == "stack"
+    top = _layout(html.top_kernels_chart(report))
+    assert "(µs)" in top["xaxis"]["title"]["text"]
+    roofline = _layout(html.roofline_chart(report))
+    assert roofline["xaxis"]["type"] == roofline["yaxis"]["type"] == "log"
+    assert "(FLOP/byte)" in roofline["xaxis"]["title"]["text"]
+    assert roofline["yaxis"]["title"]["text"].endswith("FLOP/s")
+    trials = _layout(html.trials_chart(trials_report))
+    assert "(ms)" in trials["yaxis"]["title"]["text"] and trials["barmode"] == "group"
+
