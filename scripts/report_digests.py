@@ -43,6 +43,7 @@ def _status(export: Path) -> dict | None:
 
 def digest(export: Path, work: Path) -> str:
     """SHA-256 of report.json's text for ``export``."""
+    from gpudiag import store
     from gpudiag.analysis.ingest import ingest
     from gpudiag.analysis.pipeline import analyse
     from gpudiag.reports import json_report
@@ -50,9 +51,10 @@ def digest(export: Path, work: Path) -> str:
     plain = work / "export.sqlite"
     with lzma.open(export) as src, open(plain, "wb") as dst:
         shutil.copyfileobj(src, dst)
-    db = ingest(plain, work / "run.sqlite", source_name=export.name.removesuffix(".xz"))
+    # written in the background, as gpudiag report writes it (store.create_run_db)
+    db = ingest(plain, work / "run.sqlite", source_name=export.name.removesuffix(".xz"), background=True)
     report = analyse(db, status=_status(export), rank_workers=1)
-    db.conn.close()
+    store.close(db)
     return hashlib.sha256(json_report.to_json(report).encode()).hexdigest()
 
 
