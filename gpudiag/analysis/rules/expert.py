@@ -188,7 +188,8 @@ def fp32_under_autocast(ctx: "RuleContext") -> "Recommendation | None":
     detail step's recorded dtypes and shapes (an all-fp32 kernel: half its time; bandwidth-bound
     kernels scale with bytes: roofline, Williams et al. 2009); kernels without op shapes count half
     their time when their name is all-fp32."""
-    km = ctx.km
+    # the columns read below: the row filters then copy 7 columns, not the kernel frame's 44
+    km = ctx.km[["family", "math_path", "duration_ns", "phase", "name", "short_name", "op"]]
     gemm = km[km["family"].isin(CONTRACTION_FAMILIES)]
     if gemm.empty or gemm.loc[gemm["math_path"].isin(["bf16", "fp16"]), "duration_ns"].sum() < (
             AUTOCAST_GEMM_SHARE * gemm["duration_ns"].sum()):
