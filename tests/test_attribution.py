@@ -115,3 +115,113 @@ def test_steps_from_regex_and_whole_capture(export_path):
     assert only_first.kind == "nvtx" and len(only_first.table) == 1
     none = find_steps(export.nvtx_ranges, export.kernels, "nvtx:^no such range$")
     assert none.kind == "whole" and "whole capture" in none.source
+
+
+def _edited_export(export_path, tmp_path, name: str, sql: str):
+    """A copy of the real export ``name`` with ``sql`` applied (the copy's path)."""
+    import shutil
+    import sqlite3
+
+    path = tmp_path / f"{name}_edited.sqlite"
+    shutil.copyfile(export_path(name), path)
+    with sqlite3.connect(path) as conn:
+        conn.executescript(sql)
+    return path
+
+
+def test_nvtx_ranges_without_text_attribute_nothing(export_path, tmp_path):
+    """NVTX ranges pushed with no message (text and registered string both NULL): the run
+    database reads the text column back as objects (no value is a string), the ranges name no
+    step, phase, module or op, and the analysis runs on the whole capture. The oracle is SQL on
+    the edited export: every kernel in the one window, from the first launch call or kernel to
+    one past the last kernel's end."""
+    import sqlite3
+
+    from gpudiag.analysis.ingest import ingest
+    from gpudiag.analysis.pipeline import analyse
+
+    path = _edited_export(export_path, tmp_path, "mlp_decode", "UPDATE NVTX_EVENTS SET text = NULL, textId = NULL;")
+    with sqlite3.connect(path) as conn:
+        n_ranges = conn.execute("SELECT count(*) FROM NVTX_EVENTS WHERE end IS NOT NULL").fetchone()[0]
+        n_kernels, first_kernel, last_end = conn.execute(
+            "SELECT count(*), min(start), max(end) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
+        first_call = conn.execute("SELECT min(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+    assert n_ranges > 100 and n_kernels > 0
+    db = ingest(path, tmp_path / "run.sqlite")
+    report = analyse(db)
+    assert report["steps"]["kind"] == "whole" and report["steps"]["count"] == 1
+    steps = pd.read_sql_query("SELECT * FROM steps", db.conn)
+    assert steps[["cpu_start_ns", "cpu_end_ns"]].values.tolist() == [[min(first_kernel, first_call), last_end + 1]]
+    assert steps["kernels"].tolist() == [n_kernels]
+    a = pd.read_sql_query("SELECT * FROM kernel_attribution", db.conn)
+    assert len(a) == n_kernels and (a["step"] == 0).all()
+    assert (a["module"] == "").all() and (a["module_class"] == "").all() and (a["phase"] == "other").all()
+    assert (a["op"] == "").all() and (a["op_call"] == -1).all()
+
+
+def test_nested_user_steps_pushed_in_the_same_ns(export_path, tmp_path):
+    """Coarse timestamps: each of tiny_gemm_gelu's 'stepN' ranges gets three nested ranges that
+    match the step pattern too ('iteration N.k', 'iter N.k', 'step N.k'), pushed after it in the
+    same ns (so listed after it, as the export lists pushes) and popped before it. The steps are
+    the outer ranges, whatever the order of the NVTX frame's rows beyond each thread's push order
+    (here: newest ranges first). Oracle: the 'stepN' rows, read with SQL."""
+    import sqlite3
+
+    from gpudiag.sources.nsys_sqlite import read_export
+
+    inner = "".join(
+        f"""CREATE TEMP TABLE inner{k} AS SELECT * FROM NVTX_EVENTS WHERE text GLOB 'step[0-9]';
+        UPDATE inner{k} SET end = start + (end - start) * {4 - k} / 4, text = '{label} ' || substr(text, 5) || '.{k}';
+        INSERT INTO NVTX_EVENTS SELECT * FROM inner{k};
+        """ for k, label in enumerate(["iteration", "iter", "step"], start=1))
+    path = _edited_export(export_path, tmp_path, "tiny_gemm_gelu", inner)
+    with sqlite3.connect(path) as conn:
+        outer = [list(r) for r in conn.execute(
+            "SELECT start, end FROM NVTX_EVENTS WHERE text GLOB 'step[0-9]' ORDER BY start")]
+        # each outer range starts with three others in the same ns, all strictly inside it
+        assert conn.execute("""SELECT count(*) FROM NVTX_EVENTS o JOIN NVTX_EVENTS i
+                               ON i.start = o.start AND i.end < o.end AND i.rowid > o.rowid
+                               WHERE o.text GLOB 'step[0-9]'""").fetchone()[0] == 3 * len(outer)
+    assert len(outer) == 5
+    export = read_export(path)
+    nvtx = export.nvtx_ranges
+    assert len(nvtx) == 20
+    newest_first = nvtx.sort_values("start_ns", ascending=False, kind="stable")  # ties keep push order
+    for frame in (nvtx, newest_first):
+        steps = find_steps(frame, export.kernels)
+        assert steps.kind == "nvtx"
+        assert steps.table[["start_ns", "end_ns"]].values.tolist() == outer
+
+
+def test_nested_modules_pushed_in_the_same_ns(export_path, tmp_path):
+    """Coarse timestamps: in mlp_decode every 'module 0|Linear' range is moved to start in the same
+    ns as its parent 'module Sequential' (the row before it in the export, its push). A kernel
+    belongs to the innermost module range open on its launching thread at the launch call's
+    start: the oracle finds it with SQL (the containing range that started last, then ends first)."""
+    import sqlite3
+
+    from gpudiag.analysis.ingest import ingest
+    from gpudiag.analysis.pipeline import analyse
+
+    path = _edited_export(export_path, tmp_path, "mlp_decode", """
+        UPDATE NVTX_EVENTS SET start = (SELECT p.start FROM NVTX_EVENTS p WHERE p.rowid = NVTX_EVENTS.rowid - 1)
+        WHERE text LIKE 'gpudiag:module 0|%'
+          AND (SELECT p.text FROM NVTX_EVENTS p WHERE p.rowid = NVTX_EVENTS.rowid - 1) LIKE 'gpudiag:module Sequential|%';""")
+    with sqlite3.connect(path) as conn:
+        same_start = conn.execute("""SELECT count(*) FROM NVTX_EVENTS o JOIN NVTX_EVENTS i
+                                     ON i.start = o.start AND i.end < o.end AND i.globalTid = o.globalTid
+                                     WHERE o.text LIKE 'gpudiag:module Sequential|%' AND i.text LIKE 'gpudiag:module 0|%'""").fetchone()[0]
+        oracle = dict(conn.execute("""
+            SELECT k.correlationId, coalesce((SELECT substr(m.text, length('gpudiag:module ') + 1) FROM NVTX_EVENTS m
+                     WHERE m.globalTid = r.globalTid AND m.start <= r.start AND r.start < m.end
+                       AND m.text LIKE 'gpudiag:module %' ORDER BY m.start DESC, m.end ASC LIMIT 1), '')
+            FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId"""))
+        in_first_linear = sum(v == "0|Linear" for v in oracle.values())
+    assert same_start == 96 and in_first_linear > 0
+    db = ingest(path, tmp_path / "run.sqlite")
+    analyse(db)
+    a = pd.read_sql_query("""SELECT k.correlation_id, a.module, a.module_class FROM kernel_attribution a
+                             JOIN kernels k USING (kernel_id)""", db.conn)
+    assert len(a) == len(oracle)
+    got = dict(zip(a["correlation_id"], (a["module"] + "|" + a["module_class"]).str.strip("|")))
+    assert got == oracle

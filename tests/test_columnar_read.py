@@ -131,3 +131,30 @@ def test_a_read_ahead_that_fails_is_read_by_pandas_and_dropped_after_an_error(ex
     with pytest.raises(ZeroDivisionError):
         _read(path, monkeypatch, fast=True)
     assert not columnar._PREFETCHED
+
+
+def _read_kernel_count(path, queue) -> None:
+    queue.put(len(read_export(path).kernels))
+
+
+def test_a_forked_child_reads_ahead_too(export_path, monkeypatch):
+    """After this process read an export ahead in other threads, a child forked from it (mutmut
+    forks one per mutant; multiprocessing forks on Linux) reads an export too: threads do not
+    survive a fork, and a read left to the parent's executor would wait forever."""
+    import multiprocessing
+
+    monkeypatch.setattr(columnar, "FAST_MIN_ROWS", 0)
+    path = export_path("tiny_gemm_gelu")
+    with sqlite3.connect(path) as conn:
+        n = conn.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    assert len(read_export(path).kernels) == n  # the executor's threads are started here
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_read_kernel_count, args=(path, queue))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == n

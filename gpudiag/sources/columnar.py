@@ -11,7 +11,9 @@ pandas' handling of their odd rows.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import sys
 import urllib.parse
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -58,7 +60,7 @@ def _database_file(conn: sqlite3.Connection) -> str | None:
 def _fast_path(conn: sqlite3.Connection, rows_hint: int | None) -> str | None:
     """The database file connectorx may read for ``conn`` (None where pandas reads: see :func:`read_sql`)."""
     path = _database_file(conn)
-    fast = getattr(conn, "fast_read", True) and conn.text_factory is str
+    fast = getattr(conn, "fast_read", True) and conn.text_factory is str and not _FORKED_AFTER_CONNECTORX
     return path if path and fast and (rows_hint is None or rows_hint >= FAST_MIN_ROWS) else None
 
 
@@ -80,6 +82,22 @@ for _category in (FutureWarning, DeprecationWarning):
 # so on 2 cores a large table is read while this thread checks the rows of the one before.
 _READER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpudiag-read")
 _PREFETCHED: dict[int, dict] = {}  # id of a connection -> {sql: Future}; emptied by forget_prefetched
+
+
+def _reader_after_fork() -> None:
+    """A forked child (mutmut forks one per mutant, after the tests ran in the parent) has none of
+    its parent's threads: the executor copied from the parent would queue reads that no thread runs
+    (they waited forever), and connectorx, once loaded, crashes there (its Rust threads are gone too:
+    segmentation fault). The child gets an executor of its own, none of the parent's reads, and
+    reads with pandas where the parent had loaded connectorx."""
+    global _READER, _FORKED_AFTER_CONNECTORX
+    _READER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpudiag-read")
+    _PREFETCHED.clear()
+    _FORKED_AFTER_CONNECTORX = _FORKED_AFTER_CONNECTORX or "connectorx" in sys.modules
+
+
+_FORKED_AFTER_CONNECTORX = False  # set in a child forked after connectorx was loaded: pandas reads there
+os.register_at_fork(after_in_child=_reader_after_fork)
 
 
 def prefetch(conn: sqlite3.Connection, sql: str, rows_hint: int | None = None) -> None:
