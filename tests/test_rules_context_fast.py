@@ -29,7 +29,8 @@ from gpudiag.analysis.rules import host, kernels, registry
 from conftest import EXPORTS, FIXTURES, _mutation_run, status_of
 
 TRIALS = {"trials_generate": FIXTURES / "trials" / "generate_h100",  # HF generate() on the H100, with its bare run
-          "trials_vit": FIXTURES / "trials" / "vit_h100"}  # ViT training in fp32 on the H100
+          "trials_vit": FIXTURES / "trials" / "vit_h100",  # ViT training in fp32 on the H100
+          "nccl_gpt_ddp": FIXTURES / "nccl" / "gpt_ddp_shm"}  # GPT DDP on two GPUs (rank 0's export)
 SYNC = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy(_v\d+)?$|"
                   r"cudaMemcpy2D(_v\d+)?$)")
 
@@ -47,6 +48,8 @@ def rule_ctx(tmp_path_factory):
             source = TRIALS[name] / "profile.sqlite.xz" if name in TRIALS else EXPORTS[name]
             status = (json.loads((TRIALS[name] / "script_status.json").read_text()) if name in TRIALS
                       else status_of(name))
+            if name in TRIALS and (TRIALS[name] / "bare_status.json").exists():
+                status["bare_run"] = json.loads((TRIALS[name] / "bare_status.json").read_text())
             export = folder / f"{name}.sqlite"
             if not export.exists():
                 with lzma.open(source) as src, open(export, "wb") as dst:
@@ -56,7 +59,7 @@ def rule_ctx(tmp_path_factory):
             findings.recommend_split = lambda ctx: seen.append(ctx) or original(ctx)
             try:
                 db = ingest(export, folder / f"{name}.run.sqlite")
-                report = analyse(db, status=status)
+                report = analyse(db, status=status, rank_workers=1)
             finally:
                 findings.recommend_split = original
             assert len(seen) == 1
@@ -474,3 +477,23 @@ def test_convolutions_are_not_checked_for_gemm_alignment(rule_ctx):
         dims = [t.split("@")[0] for t in json.loads(args)["in"] if isinstance(t, str) and "[" in t]
         assert all(int(d) % 8 == 0 for t in dims for d in t.split("[")[1].rstrip("]").split(",")[-1:])
     assert kernels.gemm_alignment(ctx) is None
+
+
+def test_collective_kernels_are_taken_out_of_the_rules_kernels(rule_ctx, monkeypatch):
+    """GPT DDP (two GPUs, rank 0): the rules see the kernels without NCCL's (whose small grids and
+    waits are deliberate), the collectives apart, and their time per measured step (run database)."""
+    db, _, ctx, _ = rule_ctx("nccl_gpt_ddp")
+    steps, n = _measured(db)
+    nccl = pd.read_sql_query("SELECT k.kernel_id, k.duration_ns FROM kernels k JOIN kernel_attribution a USING (kernel_id)"
+                             " WHERE k.name LIKE 'ncclDevKernel%' AND a.step IN (SELECT step FROM steps WHERE measured)",
+                             db.conn)
+    assert len(nccl) >= n > 0
+    seen = []
+    monkeypatch.setattr(registry, "RULES", (lambda c: seen.append(c),))
+    assert registry.recommend_split(ctx) == ([], [])
+    (rules_ctx,) = seen
+    assert set(rules_ctx.collectives["kernel_id"]) == set(nccl["kernel_id"])
+    assert not rules_ctx.km["kernel_id"].isin(nccl["kernel_id"]).any()
+    assert len(rules_ctx.km) + len(nccl) == len(ctx.km)
+    assert rules_ctx.communication_ns == pytest.approx(nccl["duration_ns"].sum() / n, rel=1e-12)
+    assert rules_ctx.n_steps == n and rules_ctx.step_ns == ctx.step_ns
