@@ -155,6 +155,7 @@ def test_overhead_bound_in_a_generate_loop_is_capped_by_the_graph_floor(rule_ctx
     kernel_ns = db.conn.execute("SELECT sum(k.duration_ns) FROM kernels k JOIN kernel_attribution a USING (kernel_id)"
                                 " WHERE a.step IN (SELECT step FROM steps WHERE measured)").fetchone()[0] / n
     rec = host.overhead_bound(ctx)
+    assert rec.rule_id == "GD-OVERHEAD-BOUND" and rec.how_to_fix and rec.title
     floor = rec.graph_floor
     assert floor["kernel_ns"] == pytest.approx(kernel_ns, rel=1e-9)
     assert floor["profiled_step_ns"] == ctx.step_ns and floor["forwards_per_step"] >= 2
@@ -193,6 +194,7 @@ def test_host_sync_saving_is_the_idle_that_begins_while_a_sync_blocks(rule_ctx):
                                " ON r.correlation_id = m.correlation_id AND r.global_pid = m.global_pid", db.conn)
     d2h = copies[(copies["copy_kind"] == "Device-to-Host") & _in_steps(copies["start_ns"], steps)]
     rec = host.host_syncs(ctx)
+    assert rec.rule_id == "GD-HOST-SYNC" and rec.estimate and rec.how_to_fix
     assert saving > 0.01 * ctx.step_ns
     assert rec.saving_ns_per_step == pytest.approx(saving, rel=1e-9)
     assert rec.evidence[1] == (f"{len(d2h) / n:.1f} device-to-host copies/step "
@@ -336,6 +338,12 @@ def test_unfused_optimizer_on_a_host_bound_step_is_its_host_time(rule_ctx, expor
                             f"less one fused launch ({host_bare / 1e6:.2f} ms/step); by GPU time alone: optimizer GPU "
                             f"time minus one fused pass (7 x 4 bytes x {_parameters(db) / 1e6:.1f} M parameters at peak "
                             f"bandwidth), {gpu / 1e6:.2f} ms")
+    # an export without gpudiag's phase ranges: the span of the optimizer's launch calls per step, median
+    launches = pd.read_sql_query("SELECT a.step, a.api_start_ns FROM kernel_attribution a WHERE a.phase = 'optimizer'"
+                                 " AND a.step IN (SELECT step FROM steps WHERE measured)", db.conn)
+    span = float(launches.groupby("step")["api_start_ns"].agg(lambda t: t.max() - t.min()).median())
+    unranged = host.unfused_optimizer(dataclasses.replace(ctx, phase_host_ns={}))
+    assert unranged.saving_ns_per_step == pytest.approx(span * (ctx.step_ns - inflation) / ctx.step_ns - launch, rel=1e-9)
     traced_rec = host.unfused_optimizer(dataclasses.replace(ctx, bare_inflation_ns=None))
     assert traced_rec.saving_ns_per_step == pytest.approx(traced - launch, rel=1e-9)
     assert "(as traced (no bare run: an upper bound))" in traced_rec.estimate
@@ -497,3 +505,29 @@ def test_collective_kernels_are_taken_out_of_the_rules_kernels(rule_ctx, monkeyp
     assert len(rules_ctx.km) + len(nccl) == len(ctx.km)
     assert rules_ctx.communication_ns == pytest.approx(nccl["duration_ns"].sum() / n, rel=1e-12)
     assert rules_ctx.n_steps == n and rules_ctx.step_ns == ctx.step_ns
+
+
+def test_multi_stream_saving_is_the_serialized_time_above_one_towers_chain(rule_ctx):
+    """towers_inference (H200): examples/towers_inference.py runs 8 independent towers (linear,
+    relu, linear) over one input, then concatenates their outputs and sums them, all on one stream;
+    no kernel fills the GPU's SMs. The dependency chain is therefore the slowest tower plus the cat
+    and the sum; saving = the detail step's serialized kernel time minus that chain (the structure
+    from the script, not from the storage addresses the rule reads)."""
+    db, _, ctx, _ = rule_ctx("towers_inference")
+    calls = pd.read_sql_query("SELECT a.op_call, a.op, sum(k.duration_ns) AS ns, max(k.grid_x * k.grid_y * k.grid_z)"
+                              " AS blocks FROM kernels k JOIN kernel_attribution a USING (kernel_id) WHERE a.step IN"
+                              " (SELECT step FROM steps WHERE detail) AND a.op_call >= 0 GROUP BY a.op_call"
+                              " ORDER BY min(k.start_ns)", db.conn)
+    assert calls["op"].tolist() == ["aten::linear", "aten::relu", "aten::linear"] * 8 + ["aten::cat", "aten::sum"]
+    assert (calls["blocks"] < ctx.peaks.sm_count).all()
+    towers = calls["ns"].iloc[:24].to_numpy().reshape(8, 3).sum(axis=1)
+    chain = towers.max() + calls["ns"].iloc[24:].sum()
+    serialized = calls["ns"].sum()
+    assert serialized < ctx.step_ns
+    rec = kernels.multi_stream(ctx)
+    assert rec.saving_ns_per_step == pytest.approx(serialized - chain, rel=1e-9)
+    assert rec.evidence == [f"the detail step's kernels take {serialized / 1e6:.2f} ms serialized; their dependency "
+                            f"chain needs {chain / 1e6:.2f} ms", "26 op calls on 1 stream(s)"]
+    # the step is the cap: at a step shorter than the serialized time the saving is the step less the chain
+    short = dataclasses.replace(ctx, step_ns=float(serialized - 1000))
+    assert kernels.multi_stream(short).saving_ns_per_step == pytest.approx(serialized - 1000 - chain, rel=1e-9)
