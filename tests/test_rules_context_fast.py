@@ -23,10 +23,9 @@ import pandas as pd
 import pytest
 
 from gpudiag.analysis.ingest import ingest
-from gpudiag.analysis.pipeline import analyse
 from gpudiag.analysis.rules import host, kernels, registry
 
-from conftest import EXPORTS, FIXTURES, _mutation_run, status_of
+from conftest import FIXTURES, RULE_CONTEXTS, _mutation_run, analyse_recording, status_of
 
 TRIALS = {"trials_generate": FIXTURES / "trials" / "generate_h100",  # HF generate() on the H100, with its bare run
           "trials_vit": FIXTURES / "trials" / "vit_h100",  # ViT training in fp32 on the H100
@@ -36,34 +35,27 @@ SYNC = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynch
 
 
 @pytest.fixture(scope="session")
-def rule_ctx(tmp_path_factory):
-    """Capture name -> (run database, report, the RuleContext the analysis gave the rules)."""
-    import gpudiag.analysis.report.findings as findings
-
+def rule_ctx(analysed, tmp_path_factory):
+    """Capture name -> (run database, report, the RuleContext the analysis gave the rules, the
+    launcher's status). Exports of conftest's list share `analysed`'s cache."""
     folder = tmp_path_factory.mktemp("rule_ctx")
     cache: dict[str, tuple] = {}
 
     def get(name: str):
+        if name not in TRIALS:
+            db, report = analysed(name)
+            return db, report, RULE_CONTEXTS[name], status_of(name)
         if name not in cache or _mutation_run():
-            source = TRIALS[name] / "profile.sqlite.xz" if name in TRIALS else EXPORTS[name]
-            status = (json.loads((TRIALS[name] / "script_status.json").read_text()) if name in TRIALS
-                      else status_of(name))
-            if name in TRIALS and (TRIALS[name] / "bare_status.json").exists():
+            status = json.loads((TRIALS[name] / "script_status.json").read_text())
+            if (TRIALS[name] / "bare_status.json").exists():
                 status["bare_run"] = json.loads((TRIALS[name] / "bare_status.json").read_text())
             export = folder / f"{name}.sqlite"
             if not export.exists():
-                with lzma.open(source) as src, open(export, "wb") as dst:
+                with lzma.open(TRIALS[name] / "profile.sqlite.xz") as src, open(export, "wb") as dst:
                     shutil.copyfileobj(src, dst)
-            seen = []
-            original = findings.recommend_split
-            findings.recommend_split = lambda ctx: seen.append(ctx) or original(ctx)
-            try:
-                db = ingest(export, folder / f"{name}.run.sqlite")
-                report = analyse(db, status=status, rank_workers=1)
-            finally:
-                findings.recommend_split = original
-            assert len(seen) == 1
-            cache[name] = (db, report, seen[0], status)
+            db = ingest(export, folder / f"{name}.run.sqlite")
+            report = analyse_recording(db, name, status, rank_workers=1)
+            cache[name] = (db, report, RULE_CONTEXTS[name], status)
         return cache[name]
 
     return get
