@@ -523,3 +523,14 @@ def test_multi_stream_saving_is_the_serialized_time_above_one_towers_chain(rule_
     # the step is the cap: at a step shorter than the serialized time the saving is the step less the chain
     short = dataclasses.replace(ctx, step_ns=float(serialized - 1000))
     assert kernels.multi_stream(short).saving_ns_per_step == pytest.approx(serialized - 1000 - chain, rel=1e-9)
+
+
+@pytest.mark.parametrize("first, second", [(1.1 ** 144 * 1.09, 1.1 ** 144 * 1.01), (0.0, 0.4)])
+def test_rank_breaks_ties_by_the_rule_list_not_the_input_order(first, second):
+    """Savings in one step of the log scale (or both under 1 ns) rank in RULES order, whatever order
+    the rows come in: input_stall's row first, fp32_matmul's (earlier in RULES) must still lead."""
+    order = {rule.__name__: i for i, rule in enumerate(registry.RULES)}
+    assert order["fp32_matmul"] < order["input_stall"]
+    recs = [{"rule": "input_stall", "saving_ns_per_step": first}, {"rule": "fp32_matmul", "saving_ns_per_step": second}]
+    assert [r["rule"] for r in registry.rank(recs, order)] == ["fp32_matmul", "input_stall"]
+    assert [r["rule"] for r in registry.rank(recs)] == ["input_stall", "fp32_matmul"]  # no order: stable
