@@ -115,6 +115,13 @@ def analyse_recording(db, name: str, status: dict | None, **kwargs) -> dict:
 
 
 @pytest.fixture(scope="session")
+def rule_contexts():
+    """(analyse_recording, RULE_CONTEXTS) of this module (a test module's ``import conftest`` may
+    load a second copy of it, with a dict of its own)."""
+    return analyse_recording, RULE_CONTEXTS
+
+
+@pytest.fixture(scope="session")
 def analysed(export_path, tmp_path_factory):
     """Function name -> (run database, report dict) of the analysed capture (cached)."""
     folder = tmp_path_factory.mktemp("runs")

@@ -25,7 +25,7 @@ import pytest
 from gpudiag.analysis.ingest import ingest
 from gpudiag.analysis.rules import host, kernels, registry
 
-from conftest import FIXTURES, RULE_CONTEXTS, _mutation_run, analyse_recording, status_of
+from conftest import FIXTURES, _mutation_run, status_of
 
 TRIALS = {"trials_generate": FIXTURES / "trials" / "generate_h100",  # HF generate() on the H100, with its bare run
           "trials_vit": FIXTURES / "trials" / "vit_h100",  # ViT training in fp32 on the H100
@@ -35,16 +35,17 @@ SYNC = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynch
 
 
 @pytest.fixture(scope="session")
-def rule_ctx(analysed, tmp_path_factory):
+def rule_ctx(analysed, rule_contexts, tmp_path_factory):
     """Capture name -> (run database, report, the RuleContext the analysis gave the rules, the
     launcher's status). Exports of conftest's list share `analysed`'s cache."""
     folder = tmp_path_factory.mktemp("rule_ctx")
     cache: dict[str, tuple] = {}
+    analyse_recording, contexts = rule_contexts
 
     def get(name: str):
         if name not in TRIALS:
             db, report = analysed(name)
-            return db, report, RULE_CONTEXTS[name], status_of(name)
+            return db, report, contexts[name], status_of(name)
         if name not in cache or _mutation_run():
             status = json.loads((TRIALS[name] / "script_status.json").read_text())
             if (TRIALS[name] / "bare_status.json").exists():
@@ -55,7 +56,7 @@ def rule_ctx(analysed, tmp_path_factory):
                     shutil.copyfileobj(src, dst)
             db = ingest(export, folder / f"{name}.run.sqlite")
             report = analyse_recording(db, name, status, rank_workers=1)
-            cache[name] = (db, report, RULE_CONTEXTS[name], status)
+            cache[name] = (db, report, contexts[name], status)
         return cache[name]
 
     return get
