@@ -535,3 +535,25 @@ def test_rank_breaks_ties_by_the_rule_list_not_the_input_order(first, second):
     recs = [{"rule": "input_stall", "saving_ns_per_step": first}, {"rule": "fp32_matmul", "saving_ns_per_step": second}]
     assert [r["rule"] for r in registry.rank(recs, order)] == ["fp32_matmul", "input_stall"]
     assert [r["rule"] for r in registry.rank(recs)] == ["input_stall", "fp32_matmul"]  # no order: stable
+
+
+def test_fp8_inference_counts_only_16_bit_contractions(rule_ctx):
+    """ViT inference under bf16 autocast (H100, zoo): the rule's time is the bf16/fp16 GEMM/conv/
+    attention kernels per step (the run's bf16 element-wise and other kernels are not GEMMs); saving =
+    that time x (1 - bf16 peak / fp8 peak), NVIDIA's H100 SXM datasheet: 989.4 and 1978.9 TFLOPS."""
+    db, _, ctx, _ = rule_ctx("zoo_vit")
+    steps, n = _measured(db)
+    k = pd.read_sql_query("SELECT k.duration_ns, c.family, c.math_path FROM kernels k JOIN kernel_attribution a"
+                          " USING (kernel_id) JOIN kernel_class c USING (kernel_id) WHERE a.step IN (SELECT step FROM"
+                          " steps WHERE measured)", db.conn)
+    sixteen = k["math_path"].isin(["bf16", "fp16"])
+    contraction = k["family"].isin(["gemm", "conv", "attention"])
+    assert (sixteen & ~contraction).any()
+    ns = k.loc[sixteen & contraction, "duration_ns"].sum() / n
+    fires = ns >= 0.5 * ctx.step_ns
+    assert (kernels.inference_quantization(ctx) is not None) == fires
+    at = dataclasses.replace(ctx, step_ns=ns / 0.5 * 0.999)
+    rec = kernels.inference_quantization(at)
+    assert rec.saving_ns_per_step == pytest.approx(ns * (1 - 989.4 / 1978.9), rel=1e-6)
+    assert rec.evidence[0] == f"{ns / 1e6:.2f} ms/step in bf16/fp16 contractions ({100 * ns / at.step_ns:.0f} % of the step)"
+    assert kernels.inference_quantization(dataclasses.replace(ctx, step_ns=ns / 0.5 * 1.001)) is None
