@@ -557,3 +557,29 @@ def test_fp8_inference_counts_only_16_bit_contractions(rule_ctx):
     assert rec.saving_ns_per_step == pytest.approx(ns * (1 - 989.4 / 1978.9), rel=1e-6)
     assert rec.evidence[0] == f"{ns / 1e6:.2f} ms/step in bf16/fp16 contractions ({100 * ns / at.step_ns:.0f} % of the step)"
     assert kernels.inference_quantization(dataclasses.replace(ctx, step_ns=ns / 0.5 * 1.001)) is None
+
+
+def test_gemm_alignment_evidence_shows_the_window_attention_bmms(rule_ctx):
+    """Swin-T (H200): the misaligned GEMMs are the window attention's bmm calls (7 x 7 = 49 tokens:
+    q @ k^T has N = 49, attn @ v has K = 49; NVIDIA's table: multiples of 8 for bf16). The
+    evidence lists the first three distinct such calls of the detail step with their operands."""
+    db, _, ctx, _ = rule_ctx("swin_t_train_bf16")
+    rows = pd.read_sql_query("SELECT a.op, a.op_args FROM kernels k JOIN kernel_attribution a USING (kernel_id) WHERE"
+                             " a.step IN (SELECT step FROM steps WHERE detail) AND a.op IN ('aten::mm', 'aten::bmm',"
+                             " 'aten::addmm', 'aten::linear') ORDER BY k.start_ns", db.conn)
+
+    def dims(op: str, args: str) -> list[str]:
+        tensors = [t.split("@")[0] for t in json.loads(args)["in"] if isinstance(t, str) and "[" in t]
+        a, b = tensors[-2:] if op == "aten::addmm" else tensors[:2]
+        shape_a = [int(x) for x in a.split("[")[1].rstrip("]").split(",")]
+        shape_b = [int(x) for x in b.split("[")[1].rstrip("]").split(",")]
+        k, n = shape_a[-1], shape_b[-2] if op == "aten::linear" else shape_b[-1]
+        return [f"{label}={v}" for label, v in (("K", k), ("N", n)) if v % 8]
+
+    bad = rows.assign(dims=[dims(o, a) for o, a in zip(rows["op"], rows["op_args"])])
+    bad = bad[bad["dims"].str.len() > 0].drop_duplicates("op_args").head(3)
+    assert set(bad["op"]) == {"aten::bmm"} and {d for ds in bad["dims"] for d in ds} == {"K=49", "N=49"}
+    rec = kernels.gemm_alignment(ctx)
+    assert rec.evidence[1:4] == [f"{o} {json.loads(a)['in'][:3]} ({', '.join(d)})"
+                                 for o, a, d in zip(bad["op"], bad["op_args"], bad["dims"])]
+    assert rec.rule_id == "GD-GEMM-ALIGN" and rec.how_to_fix and rec.title
