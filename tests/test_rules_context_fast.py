@@ -460,7 +460,11 @@ def test_unfused_attention_saving_is_the_softmax_time_of_the_attention_modules(r
     rec = kernels.unfused_attention(ctx)
     assert rec.saving_ns_per_step == pytest.approx(saving, rel=1e-9)
     assert rec.evidence[0] == f"12 modules, e.g. {', '.join(sorted(expected)[:3])}"
-    assert rec.evidence[1].endswith(f"{saving / 1e6:.2f} ms/step in their softmax kernels")
+    forward = pd.read_sql_query("SELECT a.module, k.duration_ns FROM kernels k JOIN kernel_attribution a USING (kernel_id)"
+                                " WHERE a.step IN (SELECT step FROM steps WHERE measured)", db.conn)
+    in_modules = forward[[m in expected or any(m.startswith(e + ".") for e in expected) for m in forward["module"]]]
+    assert rec.evidence[1] == (f"{in_modules['duration_ns'].sum() / n / 1e6:.2f} ms/step of forward kernels in them, "
+                               f"{saving / 1e6:.2f} ms/step in their softmax kernels")
 
 
 def test_convolutions_are_not_checked_for_gemm_alignment(rule_ctx):
@@ -583,3 +587,26 @@ def test_gemm_alignment_evidence_shows_the_window_attention_bmms(rule_ctx):
     assert rec.evidence[1:4] == [f"{o} {json.loads(a)['in'][:3]} ({', '.join(d)})"
                                  for o, a, d in zip(bad["op"], bad["op_args"], bad["dims"])]
     assert rec.rule_id == "GD-GEMM-ALIGN" and rec.how_to_fix and rec.title
+
+
+@pytest.mark.parametrize("name, fires", [("zoo_llama", True), ("zoo_resnet50", False), ("swin_t_train_bf16", False)])
+def test_unfused_norm_counts_norm_modules_without_a_norm_kernel(rule_ctx, name, fires):
+    """A normalization module is unfused when it launches 3 or more kernels per step and none of
+    them is a normalization kernel: Llama's RMSNorm written op by op (H100) is; ResNet-50's
+    BatchNorm2d (4 kernels per call, one of them cuDNN's batch norm) and Swin's LayerNorm are not.
+    Per module from the run database."""
+    db, _, ctx, _ = rule_ctx(name)
+    steps, n = _measured(db)
+    k = pd.read_sql_query("SELECT a.module, a.module_class, c.family FROM kernels k JOIN kernel_attribution a USING"
+                          " (kernel_id) JOIN kernel_class c USING (kernel_id) WHERE a.step IN (SELECT step FROM steps"
+                          " WHERE measured)", db.conn)
+    norms = k[k["module_class"].fillna("").str.contains(r"Norm(?:\d*d)?$")]
+    per = norms.groupby("module").agg(kernels=("family", "size"), fused=("family", lambda f: (f == "norm").any()))
+    unfused = per[(per["kernels"] / n >= 3) & ~per["fused"]]
+    assert len(per) > 0 and ((per["kernels"] / n >= 3) & per["fused"]).any() != fires
+    rec = kernels.unfused_norm(ctx)
+    assert (rec is not None) == fires == (len(unfused) > 0)
+    if fires:
+        classes = sorted(set(norms.loc[norms["module"].isin(unfused.index), "module_class"]))
+        assert rec.evidence[0].startswith(f"{len(unfused)} {', '.join(classes)} modules, "
+                                          f"{unfused['kernels'].sum() / n / len(unfused):.0f} kernels per call")
