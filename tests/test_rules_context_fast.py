@@ -610,3 +610,19 @@ def test_unfused_norm_counts_norm_modules_without_a_norm_kernel(rule_ctx, name, 
         classes = sorted(set(norms.loc[norms["module"].isin(unfused.index), "module_class"]))
         assert rec.evidence[0].startswith(f"{len(unfused)} {', '.join(classes)} modules, "
                                           f"{unfused['kernels'].sum() / n / len(unfused):.0f} kernels per call")
+
+
+def test_small_grid_evidence_is_the_time_of_the_long_kernels_on_few_blocks(rule_ctx):
+    """ResNet-50 (H100, 132 SMs): the evidence's time per step of kernels over 20 µs with fewer
+    blocks than half the SMs, from the kernels table."""
+    db, _, ctx, _ = rule_ctx("zoo_resnet50")
+    steps, n = _measured(db)
+    k = pd.read_sql_query("SELECT k.duration_ns, k.grid_x, k.grid_y, k.grid_z FROM kernels k JOIN kernel_attribution a"
+                          " USING (kernel_id) JOIN kernel_class c USING (kernel_id) WHERE c.kernel_class !="
+                          " 'communication' AND a.step IN (SELECT step FROM steps WHERE measured)", db.conn)
+    blocks = k[["grid_x", "grid_y", "grid_z"]].fillna(1).prod(axis=1)
+    small = k[(blocks < 132 / 2) & (k["duration_ns"] > 20_000)]
+    rec = kernels.small_grids(ctx)
+    assert ctx.peaks.sm_count == 132
+    assert rec.evidence[0] == (f"{small['duration_ns'].sum() / n / 1e6:.2f} ms/step in kernels over 20 µs with fewer "
+                               "than 66 blocks (132 SMs)")
