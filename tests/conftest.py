@@ -94,6 +94,33 @@ def _mutation_run() -> bool:
     return os.environ.get("MUTANT_UNDER_TEST") == "stats"
 
 
+# name -> the RuleContext the analysis of that capture gave the rules (tests/test_rules_context_fast.py
+# calls the rules on it), recorded by `analysed`
+RULE_CONTEXTS: dict[str, object] = {}
+
+
+def analyse_recording(db, name: str, status: dict | None, **kwargs) -> dict:
+    """``analyse(db, status=status)``, recording the rules' context in RULE_CONTEXTS[name]."""
+    import gpudiag.analysis.report.findings as findings
+
+    seen = []
+    original = findings.recommend_split
+    findings.recommend_split = lambda ctx: seen.append(ctx) or original(ctx)
+    try:
+        report = analyse(db, status=status, **kwargs)
+    finally:
+        findings.recommend_split = original
+    RULE_CONTEXTS[name] = seen[-1] if len(seen) == 1 else None
+    return report
+
+
+@pytest.fixture(scope="session")
+def rule_contexts():
+    """(analyse_recording, RULE_CONTEXTS) of this module (a test module's ``import conftest`` may
+    load a second copy of it, with a dict of its own)."""
+    return analyse_recording, RULE_CONTEXTS
+
+
 @pytest.fixture(scope="session")
 def analysed(export_path, tmp_path_factory):
     """Function name -> (run database, report dict) of the analysed capture (cached)."""
@@ -103,7 +130,7 @@ def analysed(export_path, tmp_path_factory):
     def get(name: str):
         if name not in cache or _mutation_run():
             db = ingest(export_path(name), folder / f"{name}.run.sqlite")
-            cache[name] = (db, analyse(db, status=status_of(name)))
+            cache[name] = (db, analyse_recording(db, name, status_of(name)))
         return cache[name]
 
     return get
