@@ -198,6 +198,29 @@ def test_host_sync_saving_is_the_idle_that_begins_while_a_sync_blocks(rule_ctx):
                                       f"{blocked / 1e6:.2f} ms/step: ")
 
 
+def test_host_sync_idle_between_the_first_two_syncs_is_not_counted(rule_ctx):
+    """Idle that begins after the window's first sync has returned and before the second one is
+    called does not begin while a sync blocks the host: generate()'s first host-bound idle between
+    kernels moved into that gap leaves the saving at the idle that starts inside a sync (checked
+    call by call)."""
+    _, _, ctx, _ = rule_ctx("trials_generate")
+    syncs = ctx.api[ctx.api["name"].str.match(SYNC)].sort_values("start_ns")
+    first_end, second_start = int(syncs["end_ns"].iloc[0]), int(syncs["start_ns"].iloc[1])
+    assert second_start - first_end > 2
+    idle = ctx.idle.copy()
+    row = idle.index[idle["host_bound"] & ~idle["at_step_start"]][0]
+    idle.loc[row, "start_ns"] = (first_end + second_start) // 2
+    edited = dataclasses.replace(ctx, idle=idle)
+    between = idle[idle["host_bound"] & ~idle["at_step_start"]]
+    starts, ends = syncs["start_ns"].to_numpy(), syncs["end_ns"].to_numpy()
+    t = between["start_ns"].to_numpy()[:, None]
+    during = ((starts[None, :] <= t) & (t <= ends[None, :])).any(axis=1)
+    assert not during[between.index.get_loc(row)]  # the moved idle starts in no sync
+    assert during.any()
+    saving = between.loc[during, "duration_ns"].sum() / ctx.n_steps
+    assert host.host_syncs(edited).saving_ns_per_step == pytest.approx(saving, rel=1e-12)
+
+
 # --- GD-PAGEABLE-COPY with a pinned rate -----------------------------------------------------------------------------
 
 
@@ -237,6 +260,48 @@ def test_pageable_copy_saving_at_the_pinned_rate_of_the_same_workload(rule_ctx):
     # the good run alone: its pageable copies are under 1 MB per step
     assert m_good.loc[m_good["src_kind"] == "Pageable", "bytes"].sum() / n < 1e6
     assert host.pageable_copies(good) is None
+
+
+def test_pageable_copies_of_exactly_1_mb_per_step_fire(rule_ctx):
+    """The threshold is 1 MB of pageable copies per step, inclusive: input_pipeline_bad's batches
+    (one 12 MB copy and one 512-byte copy per step, both pageable) cut to 999,488 bytes make
+    exactly 1,000,000 bytes per step, and the rule fires with the whole copy time as its saving (no
+    pinned copy of 1 MB or more in this run); one byte less per step and it is silent."""
+    _, _, ctx, _ = rule_ctx("input_pipeline_bad")
+    m = ctx.memcpy.copy()
+    batch = m["bytes"] == 12582912
+    assert batch.sum() == ctx.n_steps and (m.loc[m["bytes"] == 512, "src_kind"] == "Pageable").sum() == ctx.n_steps
+    m.loc[batch, "bytes"] = 1_000_000 - 512
+    pageable = m[(m["src_kind"] == "Pageable") | (m["dst_kind"] == "Pageable")]
+    assert pageable["bytes"].sum() == 1_000_000 * ctx.n_steps
+    rec = host.pageable_copies(dataclasses.replace(ctx, memcpy=m))
+    assert rec is not None and rec.rule_id == "GD-PAGEABLE-COPY"
+    ns = pageable["duration_ns"].sum() / ctx.n_steps
+    assert rec.saving_ns_per_step == pytest.approx(ns, rel=1e-12)
+    assert rec.estimate == "pageable copy time per step"
+    assert rec.evidence[0].startswith(f"{len(pageable) / ctx.n_steps:.1f} pageable copies/step, 1.0 MB/step, ")
+    m.loc[m.index[batch][0], "bytes"] -= 1
+    assert host.pageable_copies(dataclasses.replace(ctx, memcpy=m)) is None
+
+
+def test_a_pinned_copy_of_exactly_1_mb_is_in_the_pinned_rate(rule_ctx):
+    """The pinned rate counts copies of 1 MB or more: with one of input_pipeline_good's 12 MB
+    pinned batches cut to exactly 1,000,000 bytes (its time kept), that copy is part of the rate the
+    pageable copies of input_pipeline_bad are measured against (the rate moves by several %)."""
+    _, _, bad, _ = rule_ctx("input_pipeline_bad")
+    _, _, good, _ = rule_ctx("input_pipeline_good")
+    g = good.memcpy.copy()
+    g.loc[g.index[g["bytes"] == 12582912][0], "bytes"] = 1_000_000
+    m = pd.concat([bad.memcpy, g], ignore_index=True)
+    pinned = m[((m["src_kind"] == "Pinned") | (m["dst_kind"] == "Pinned")) & (m["bytes"] >= 1_000_000)]
+    above = pinned[pinned["bytes"] > 1_000_000]
+    rate = pinned["bytes"].sum() / pinned["duration_ns"].sum()
+    assert abs(rate / (above["bytes"].sum() / above["duration_ns"].sum()) - 1) > 0.02
+    pageable = m[(m["src_kind"] == "Pageable") | (m["dst_kind"] == "Pageable")]
+    n = bad.n_steps
+    saving = pageable["duration_ns"].sum() / n - pageable["bytes"].sum() / n / rate
+    rec = host.pageable_copies(dataclasses.replace(bad, memcpy=m))
+    assert rec.saving_ns_per_step == pytest.approx(saving, rel=1e-12)
 
 
 # --- GD-INPUT-STALL ---------------------------------------------------------------------------------------------------
@@ -340,6 +405,23 @@ def test_unfused_optimizer_on_a_host_bound_step_is_its_host_time(rule_ctx, expor
     traced_rec = host.unfused_optimizer(dataclasses.replace(ctx, bare_inflation_ns=None))
     assert traced_rec.saving_ns_per_step == pytest.approx(traced - launch, rel=1e-9)
     assert "(as traced (no bare run: an upper bound))" in traced_rec.estimate
+
+
+def test_a_fused_optimizer_is_silent_however_many_kernels_it_launches(rule_ctx):
+    """input_pipeline_good's AdamW(fused=True) launches 2 optimizer kernels per step (the fused
+    Adam kernel and a step-count add): repeated to 10 per step, still no recommendation, since
+    there is a fused kernel; the same 10 with the fused kernel renamed to a foreach one fire."""
+    _, _, ctx, _ = rule_ctx("input_pipeline_good")
+    opt = ctx.km[ctx.km["phase"] == "optimizer"]
+    fused = opt["name"].str.contains("FusedAdam")
+    assert fused.sum() == ctx.n_steps and len(opt) == 2 * ctx.n_steps
+    km = pd.concat([ctx.km] + [opt] * 4, ignore_index=True)
+    assert (km["phase"] == "optimizer").sum() == 10 * ctx.n_steps
+    assert host.unfused_optimizer(dataclasses.replace(ctx, km=km)) is None
+    renamed = km.copy()
+    renamed.loc[renamed["name"].str.contains("FusedAdam"), "name"] = opt.loc[~fused, "name"].iloc[0]
+    rec = host.unfused_optimizer(dataclasses.replace(ctx, km=renamed))
+    assert rec.evidence[0].startswith("10 optimizer kernels/step, ")
 
 
 # --- the registry ------------------------------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ def host_syncs(ctx: RuleContext) -> Recommendation | None:
 
 
 def pageable_copies(ctx: RuleContext) -> Recommendation | None:
-    """Host<->device copies from or to pageable memory in the step (over 1 MB per step):
+    """Host<->device copies from or to pageable memory in the step (1 MB or more per step):
     they are staged through a driver buffer and block the host. Saving: their transfer time
     minus the same bytes at the pinned rate measured in this run (or the whole time if none)."""
     m = ctx.memcpy
