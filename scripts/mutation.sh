@@ -29,9 +29,10 @@ elif [ -n "${MUTMUT_SAMPLE:-}" ]; then
   mapfile -t names < <(python3 - "$MUTMUT_SAMPLE" "${MUTMUT_SEED:-25}" <<'EOF'
 import glob, json, random, sys
 n, seed = int(sys.argv[1]), int(sys.argv[2])
-rng = random.Random(seed)
 for meta in sorted(glob.glob("mutants/**/*.py.meta", recursive=True)):
     keys = sorted(json.load(open(meta))["exit_code_by_key"])
+    # one generator per module: a module's draw does not depend on which other modules are listed
+    rng = random.Random(f"{seed}:{meta}")
     print("\n".join(rng.sample(keys, min(n, len(keys)))))
 EOF
 )
