@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
@@ -116,37 +117,39 @@ def process_copy(run_db: str, global_pid: int) -> sqlite3.Connection:
     nothing else). Rows keep their order. The analysis of that copy with ``process=global_pid``
     reads the same frames as on the whole file. Raises AnalysisError when that process launched no
     kernel."""
-    mem = sqlite3.connect(":memory:")
-    src = sqlite3.connect(f"file:{run_db}?mode=ro", uri=True)
+    mem = sqlite3.connect(":memory:", uri=True)  # uri: ATTACH below opens the file read-only
+    # the rows are copied by SQLite itself (INSERT ... SELECT), not through Python row by row
     try:
-        if src.execute("SELECT 1 FROM kernels WHERE global_pid = ? LIMIT 1", (global_pid,)).fetchone() is None:
+        mem.execute("ATTACH DATABASE ? AS src", (f"file:{urllib.parse.quote(run_db)}?mode=ro",))
+        if mem.execute("SELECT 1 FROM src.kernels WHERE global_pid = ? LIMIT 1", (global_pid,)).fetchone() is None:
             raise no_kernel(global_pid)
-        tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        comm_names = [] if TRANSFER_TABLE in tables else _communication_names(src)
-        for name, sql in src.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall():
+        tables = mem.execute("SELECT name, sql FROM src.sqlite_master WHERE type = 'table'").fetchall()
+        comm_names = [] if TRANSFER_TABLE in {name for name, _ in tables} else _communication_names(mem)
+        for name, sql in tables:
             if name in DERIVED_TABLES or name.startswith("sqlite_"):
                 continue
-            mem.execute(sql)
-            columns = {c[1] for c in src.execute(f'PRAGMA table_info("{name}")')}
+            mem.execute(sql)  # the CREATE statement names no schema: the table is made in main
+            columns = {c[1] for c in mem.execute(f'PRAGMA src.table_info("{name}")')}
             where, args = "", ()
             if "global_pid" in columns:
                 where, args = " WHERE global_pid = ?", (global_pid,)
                 if name == "kernels" and comm_names:
                     where += f" OR name IN ({','.join('?' * len(comm_names))})"
                     args += tuple(comm_names)
-            rows = src.execute(f'SELECT * FROM "{name}"{where}', args)
-            marks = ",".join("?" * len(columns))
-            while batch := rows.fetchmany(50_000):
-                mem.executemany(f'INSERT INTO "{name}" VALUES ({marks})', batch)
+            mem.execute(f'INSERT INTO main."{name}" SELECT * FROM src."{name}"{where} ORDER BY rowid', args)
         mem.commit()
-    finally:
-        src.close()
+    except BaseException:
+        mem.close()
+        raise
+    mem.execute("DETACH DATABASE src")
     return mem
 
 
 def _communication_names(conn: sqlite3.Connection) -> list[str]:
-    """The kernel names of the run database ``conn`` that are communication kernels (family from the name)."""
-    names = pd.Series([r[0] for r in conn.execute("SELECT DISTINCT name FROM kernels WHERE name IS NOT NULL")], dtype=object)
+    """The kernel names of the run database attached to ``conn`` as ``src`` that are communication
+    kernels (family from the name)."""
+    names = pd.Series([r[0] for r in conn.execute("SELECT DISTINCT name FROM src.kernels WHERE name IS NOT NULL")],
+                      dtype=object)
     return names[(families(names) == COMMUNICATION).to_numpy()].tolist() if len(names) else []
 
 
