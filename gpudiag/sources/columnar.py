@@ -43,7 +43,7 @@ def as_read_back(df: pd.DataFrame) -> pd.DataFrame:
         elif s.dtype == object:
             s = s.infer_objects()
         if s.dtype != object and s.isna().all():  # SQLite keeps no type for NULL: read back as None
-            s = pd.Series([None] * len(s), index=s.index, dtype=object)
+            s = pd.Series(np.full(len(s), None, dtype=object), index=s.index)
         if s is not df[c]:
             changed[c] = s
     out = df.copy(deep=False)  # copy-on-write: the caller's frame is never changed

@@ -222,9 +222,10 @@ def summarize(kernels: pd.DataFrame, out: pd.DataFrame, provenance: dict | None,
     dur = kernels["duration_ns"].to_numpy(dtype=float) if not kernels.empty else np.array([])
     inside = out["graph"].to_numpy() >= 0 if len(out) else np.array([], bool)
     compiled_ns = float(dur[inside].sum())
-    mapped = inside & np.isin(out["compiled_mapping"].to_numpy(), ("name", "order", "coarse"))
-    with_module = inside & (out["module"].fillna("").to_numpy() != "")
-    unmapped = pd.Series(dur[inside & ~mapped], index=kernels["name"].to_numpy()[inside & ~mapped])
+    # compared as pandas columns, not as arrays of Python objects (to_numpy of 1 M texts)
+    mapped = inside & out["compiled_mapping"].isin(("name", "order", "coarse")).to_numpy(dtype=bool)
+    with_module = inside & out["module"].fillna("").ne("").to_numpy(dtype=bool)
+    unmapped = pd.Series(dur[inside & ~mapped], index=kernels["name"][inside & ~mapped].to_numpy())
 
     def pct(mask) -> float | None:
         return round(100 * float(dur[mask].sum()) / compiled_ns, 2) if compiled_ns else None

@@ -11,8 +11,9 @@ names hold "Reduce" and would otherwise land in ``reduce``.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import numpy as np
 import pandas as pd
 
 FAMILY_PATTERNS: tuple[tuple[str, str], ...] = (
@@ -52,10 +53,22 @@ def family_of(name: str) -> str:
     return "other"
 
 
+def per_distinct(values: pd.Series, fn: Callable, na_value: object = None, dtype: object = object) -> np.ndarray:
+    """``fn`` of every value of ``values``, called once per distinct value (``na_value`` where a
+    value is NULL): an array of ``dtype`` aligned with ``values``.
+
+    Why: a step launches thousands of kernels of a few hundred long demangled names. pandas'
+    factorize finds the distinct values in C; ``Series.map`` with a dict looks every row up
+    through a Python object (:func:`families` of 1 M kernel names: 0.64 s with ``map``, 0.18 s
+    with this; docs/notes/measurements.md, 2026-11-26)."""
+    codes, uniques = pd.factorize(values)  # a NULL gets code -1: the last element below
+    return np.asarray([*(fn(u) for u in uniques), na_value], dtype=dtype)[codes]
+
+
 def families(names: pd.Series) -> pd.Series:
-    """Family per kernel, computed once per distinct name."""
-    uniques = names.fillna("").unique()
-    return names.fillna("").map(dict(zip(uniques, (family_of(n) for n in uniques))))
+    """Family per kernel (same index as ``names``; a NULL name is matched as ""), computed once
+    per distinct name."""
+    return pd.Series(per_distinct(names.fillna(""), family_of), index=names.index)
 
 
 # Functor or implementation names inside ATen's generic kernels' template arguments: they say what

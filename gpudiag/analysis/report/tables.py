@@ -129,7 +129,7 @@ def modules(km: pd.DataFrame, nvtx: pd.DataFrame, n: int, step_ns: float) -> tup
 def stream_rows(gaps: pd.DataFrame, k: pd.DataFrame, measured_ids: set, n: int) -> list[dict]:
     """Per stream, the gaps between its kernels in the measured steps, per step: all, host-bound
     ones and their time, and the time of the others (ns)."""
-    gaps_m = gaps.merge(k[["kernel_id", "step", "name", "short_name"]], on="kernel_id")
+    gaps_m = gaps.merge(k[["kernel_id", "step"]], on="kernel_id")
     gaps_m = gaps_m[gaps_m["step"].isin(measured_ids)]
     rows = []
     for stream, g in gaps_m.groupby("stream_id"):

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, op_cost
-from gpudiag.analysis.attribution.families import COMMUNICATION, CONTRACTION_FAMILIES, families
+from gpudiag.analysis.attribution.families import COMMUNICATION, CONTRACTION_FAMILIES, families, per_distinct
 from gpudiag.analysis.roofline.peaks import DevicePeaks
 
 CONFIG_COLUMNS = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
@@ -47,8 +47,9 @@ def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Se
     An op call's bytes are shared among its kernels by duration; a contraction's FLOPs go to its
     contraction-family kernels only (a split-K reduction or a cast launched by the same call does
     not do the multiply-adds)."""
-    k = pd.DataFrame({"duration_ns": kernels["duration_ns"].to_numpy(), "op": attribution["op"].to_numpy(),
-                      "op_args": attribution["op_args"].to_numpy(), "op_call": attribution["op_call"].to_numpy(),
+    # .array: the text columns as they are, not as Python objects (to_numpy)
+    k = pd.DataFrame({"duration_ns": kernels["duration_ns"].to_numpy(), "op": attribution["op"].array,
+                      "op_args": attribution["op_args"].array, "op_call": attribution["op_call"].to_numpy(),
                       "contraction": family.isin(CONTRACTION_FAMILIES).to_numpy()})
     k = k[k["op_call"] >= 0]
     if k.empty:
@@ -110,7 +111,7 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
     (compute/bandwidth/overhead/communication), evidence (ncu/shapes/heuristic), flop, bytes, math_path,
     intensity (FLOP/byte), ridge (FLOP/byte), achieved_flop_per_s, achieved_bytes_per_s,
     efficiency (roofline floor / duration; NaN without shapes)."""
-    out = pd.DataFrame({"kernel_id": kernels["kernel_id"].to_numpy(), "family": families(kernels["name"]).to_numpy(),
+    out = pd.DataFrame({"kernel_id": kernels["kernel_id"].to_numpy(), "family": families(kernels["name"]).array,
                         "config_key": _config_key(kernels).to_numpy()})
     dur = kernels["duration_ns"].to_numpy(dtype=float)
     config_key = out["config_key"]
@@ -144,11 +145,10 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
                 evidence[hit] = "ncu"
     has_shapes = out["math_path"].notna().to_numpy()
     out["intensity"] = out["flop"] / out["bytes"].replace(0, np.nan)
-    ridges = {p: peaks.ridge(p) for p in out["math_path"].dropna().unique()}
-    out["ridge"] = out["math_path"].map(ridges).astype(float)
+    out["ridge"] = per_distinct(out["math_path"], peaks.ridge, np.nan, float)
     out["achieved_flop_per_s"] = out["flop"] / (dur * 1e-9)
     out["achieved_bytes_per_s"] = out["bytes"] / (dur * 1e-9)
-    peak_flops = out["math_path"].map({p: peaks.flops.get(p, np.nan) for p in ridges}).astype(float)
+    peak_flops = per_distinct(out["math_path"], lambda p: peaks.flops.get(p, np.nan), np.nan, float)
     floor_s = np.fmax(out["flop"] / peak_flops, out["bytes"] / (peaks.bandwidth or np.nan))
     out["efficiency"] = floor_s / (dur * 1e-9)
 

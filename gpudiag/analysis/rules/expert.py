@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analysis.roofline.costmodel import ITEMSIZE, _tensors
-from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES
+from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES, per_distinct
 from gpudiag.analysis.rules.base import Recommendation, RuleContext, top_evidence
 from gpudiag.analysis.rules.host import overhead_saving
 from gpudiag.analysis.rules.kernels import small_grids
@@ -75,9 +75,7 @@ LAUNCH_CONFIG = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
 def _matches(names: pd.Series, pattern: re.Pattern) -> pd.Series:
     """Boolean mask of ``names`` matching ``pattern``, searched once per distinct name (a step has
     thousands of launches of a few hundred long demangled names)."""
-    names = names.fillna("")
-    uniques = names.unique()
-    return names.map(dict(zip(uniques, (bool(pattern.search(n)) for n in uniques)))).astype(bool)
+    return pd.Series(per_distinct(names.fillna(""), lambda n: bool(pattern.search(n)), False, bool), index=names.index)
 
 
 def _ms(ns: float) -> str:
@@ -197,8 +195,8 @@ def fp32_under_autocast(ctx: "RuleContext") -> "Recommendation | None":
     pool = km[km["family"].isin(["elementwise", "norm", "reduce", "copy"]) & (km["phase"] != "optimizer")]
     pool = pool[~_matches(pool["name"], LOSS) & ~_matches(pool["op"], LOSS)]
     by_name = _fractions_by_name(ctx)
-    fractions = {n: by_name[n] if n in by_name else _name_fraction(n) for n in pool["name"].unique()}
-    frac = pool["name"].map(fractions).fillna(0.0)
+    frac = pd.Series(per_distinct(pool["name"], lambda n: by_name[n] if n in by_name else _name_fraction(n), 0.0, float),
+                     index=pool.index)
     fp32 = pool[frac > 0]
     saving = float((fp32["duration_ns"] * frac[frac > 0]).sum()) / ctx.n_steps
     if fp32.empty:

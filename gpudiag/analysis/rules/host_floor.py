@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from gpudiag.analysis.attribution.families import per_distinct
+
 if TYPE_CHECKING:
     from gpudiag.analysis.rules.base import RuleContext
 
@@ -48,19 +50,20 @@ def host_ns_per_step(api: pd.DataFrame) -> float | None:
     None without launch calls; blocked time is subtracted as the module docstring says."""
     if api.empty or "step" not in api:
         return None
-    calls = api
-    is_launch = calls["name"].astype(str).str.match(LAUNCH_API)
-    duration = (calls["end_ns"] - calls["start_ns"]).astype(float)
-    typical = float(duration[is_launch].median())
+    names = api["name"].astype(str)
+    # the patterns are matched once per distinct API name; the steps are walked as row positions
+    is_launch = per_distinct(names, lambda n: bool(LAUNCH_API.match(n)), False, bool)
+    duration = (api["end_ns"] - api["start_ns"]).to_numpy(dtype=float)
+    typical = float(pd.Series(duration[is_launch]).median())
     blocked = np.where(is_launch, np.clip(duration - BLOCKED_FACTOR * typical, 0, None),
-                       np.where(calls["name"].astype(str).str.match(SYNC_API), duration, 0.0))
-    frame = calls.assign(blocked=blocked, launch=is_launch)
+                       np.where(per_distinct(names, lambda n: bool(SYNC_API.match(n)), False, bool), duration, 0.0))
+    start = api["start_ns"].to_numpy()
     per_step = []
-    for _, s in frame.groupby("step"):
-        ls = s[s["launch"]]
-        if len(ls) >= 2:
-            inside = s[(s["start_ns"] >= ls["start_ns"].min()) & (s["start_ns"] <= ls["start_ns"].max())]
-            per_step.append(float(ls["start_ns"].max() - ls["start_ns"].min()) - float(inside["blocked"].sum()))
+    for rows in api.groupby("step").indices.values():  # each step's rows, in the frame's order
+        launches = start[rows][is_launch[rows]]
+        if len(launches) >= 2:
+            inside = (start[rows] >= launches.min()) & (start[rows] <= launches.max())
+            per_step.append(float(launches.max() - launches.min()) - float(blocked[rows][inside].sum()))
     return float(np.median(per_step)) if per_step else None
 
 
