@@ -30,7 +30,7 @@ def ingest(export_path: Path, db_path: Path, source_name: str | None = None,
     :class:`gpudiag.sources.ncu.NcuError` for an unreadable ncu report."""
     export = read_export(export_path)
     ncu = read_ncu(ncu_path) if ncu_path else None
-    kernels = export.kernels.copy()
+    kernels = export.kernels.copy(deep=False)  # copy-on-write: only the new column is added, nothing copied
     kernels.insert(0, "kernel_id", np.arange(len(kernels), dtype=np.int64))
     tables = {"kernels": kernels, "runtime_api": export.runtime_api, "memcpy": export.memcpy,
               "memset": export.memset, "sync": export.sync, "nvtx_ranges": export.nvtx_ranges,

@@ -138,7 +138,7 @@ def _step_frames(t: Tables, steps: Steps, attribution: pd.DataFrame, classes: pd
     """Stage 4: the step table, GPU activities and idle per step, the kernel frame, the per-step
     entries (:class:`StepFrames`)."""
     detail_step = frames.detail_step(status, attribution)
-    activities = frames.activities(t, steps)
+    activities = frames.activities(t, steps, attribution)
     st = frames.step_frame(steps, activities, warmup_steps, detail_step, warnings)
     idle = idle_intervals(activities)
     gaps = stream_gaps(t.kernels, attribution)

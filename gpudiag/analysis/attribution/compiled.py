@@ -184,7 +184,7 @@ def attribute_compiled(kernels: pd.DataFrame, attribution: pd.DataFrame, nvtx: p
     maps, and new columns ``graph`` (graph id, -1 outside compiled runs), ``source_line`` (``file:line``,
     '' if unknown), ``compiled_mapping`` ('' outside compiled runs, else name/order/coarse/unmapped),
     summary dict: see :func:`summarize`). Raises nothing for missing or malformed provenance."""
-    out = attribution.copy()
+    out = attribution.copy(deep=False)  # copy-on-write: the columns set below are the only ones copied
     out["graph"], out["source_line"], out["compiled_mapping"] = -1, "", ""
     graphs = (provenance or {}).get("graphs") or {}
     text = nvtx["text"].fillna("") if not nvtx.empty else pd.Series(dtype=str)

@@ -125,7 +125,7 @@ def kernel_runs(kernels: pd.DataFrame) -> pd.DataFrame:
     start_ns, duration_ns, name, kernel_class, family, and CONFIG_COLUMNS): the member rows, in run
     order, with ``run`` (an id per run), ``config`` (an id per launch configuration) and ``key`` (the
     run's configuration sequence, as a string). Runs of one kernel are left out."""
-    k = kernels.sort_values(["step", "stream_id", "start_ns"], kind="stable").copy()
+    k = kernels.sort_values(["step", "stream_id", "start_ns"], kind="stable")  # a new frame: kernels unchanged
     k["config"] = k[CONFIG_COLUMNS].fillna(-1).groupby(CONFIG_COLUMNS, sort=False).ngroup()
     member = (k["kernel_class"].isin(["bandwidth", "overhead"]) & ~k["family"].isin(BREAKING_FAMILIES)
               & ~k["name"].fillna("").str.contains(LIBRARY_INTERNAL)).to_numpy()

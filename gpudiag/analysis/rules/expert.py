@@ -188,9 +188,9 @@ def fp32_under_autocast(ctx: "RuleContext") -> "Recommendation | None":
     their time when their name is all-fp32."""
     # the columns read below: the row filters then copy 7 columns, not the kernel frame's 44
     km = ctx.km[["family", "math_path", "duration_ns", "phase", "name", "short_name", "op"]]
-    gemm = km[km["family"].isin(CONTRACTION_FAMILIES)]
-    if gemm.empty or gemm.loc[gemm["math_path"].isin(["bf16", "fp16"]), "duration_ns"].sum() < (
-            AUTOCAST_GEMM_SHARE * gemm["duration_ns"].sum()):
+    gemm = km["family"].isin(CONTRACTION_FAMILIES)  # a mask: copying the GEMM rows would copy their names
+    if not gemm.any() or km["duration_ns"][gemm & km["math_path"].isin(["bf16", "fp16"])].sum() < (
+            AUTOCAST_GEMM_SHARE * km["duration_ns"][gemm].sum()):
         return None
     pool = km[km["family"].isin(["elementwise", "norm", "reduce", "copy"]) & (km["phase"] != "optimizer")]
     pool = pool[~_matches(pool["name"], LOSS) & ~_matches(pool["op"], LOSS)]

@@ -40,10 +40,12 @@ def detail_step(status: dict | None, attribution: pd.DataFrame) -> int | None:
     return detail_step
 
 
-def activities(t: Tables, steps: Steps) -> pd.DataFrame:
+def activities(t: Tables, steps: Steps, attribution: pd.DataFrame | None = None) -> pd.DataFrame:
     """Kernels, copies and memsets (:func:`gpu_activities`) with ``step``: the step window holding
-    the launch call (-1 for none; the GPU start where the whole capture is one step)."""
-    activities = gpu_activities(t.kernels, t.memcpy, t.memset, t.runtime_api)
+    the launch call (-1 for none; the GPU start where the whole capture is one step). The kernels'
+    launch calls are taken from ``attribution`` (one row per kernel) when given."""
+    activities = gpu_activities(t.kernels, t.memcpy, t.memset, t.runtime_api,
+                                attribution[["api_start_ns", "api_end_ns"]] if attribution is not None else None)
     when = activities["api_start_ns"].to_numpy(dtype=float)
     if steps.kind == "whole":
         when = np.where(np.isnan(when), activities["start_ns"].to_numpy(dtype=float), when)

@@ -55,18 +55,25 @@ def covered_ns(m_s: np.ndarray, m_e: np.ndarray, w_s: np.ndarray, w_e: np.ndarra
 
 
 def gpu_activities(kernels: pd.DataFrame, memcpy: pd.DataFrame, memset: pd.DataFrame,
-                   runtime_api: pd.DataFrame) -> pd.DataFrame:
+                   runtime_api: pd.DataFrame, kernel_calls: pd.DataFrame | None = None) -> pd.DataFrame:
     """All GPU work as one table sorted by start: start_ns, end_ns, kind (kernel/memcpy/memset),
     stream_id, global_pid, correlation_id, kernel_id (NaN for copies), and the launch call's
-    api_start_ns / api_end_ns (NaN where the export has none)."""
+    api_start_ns / api_end_ns (NaN where the export has none). ``kernel_calls``: the kernels' own
+    launch calls where the caller has them (columns api_start_ns, api_end_ns, one row per kernel
+    in order: :func:`launch_calls` of ``kernels``, as the attribution holds them); then only the
+    copies' and memsets' calls are looked up."""
     cols = ["start_ns", "end_ns", "stream_id", "global_pid", "correlation_id"]
     parts = [kernels[cols + ["kernel_id"]].assign(kind="kernel")]
     for name, df in (("memcpy", memcpy), ("memset", memset)):
         if not df.empty:
             parts.append(df[cols].assign(kind=name, kernel_id=np.nan))
     act = pd.concat(parts, ignore_index=True)
-    calls = launch_calls(act, runtime_api)
-    act["api_start_ns"], act["api_end_ns"] = calls["api_start_ns"].to_numpy(), calls["api_end_ns"].to_numpy()
+    if kernel_calls is None:
+        calls = [launch_calls(act, runtime_api)]
+    else:  # a row's call does not depend on the other rows joined with it (launch_calls keeps each id's first call)
+        calls = [kernel_calls] + ([launch_calls(act.iloc[len(kernels):], runtime_api)] if len(act) > len(kernels) else [])
+    for c in ("api_start_ns", "api_end_ns"):
+        act[c] = np.concatenate([part[c].to_numpy() for part in calls])
     return act.sort_values("start_ns", kind="stable", ignore_index=True)
 
 
