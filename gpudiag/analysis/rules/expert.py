@@ -192,18 +192,19 @@ def fp32_under_autocast(ctx: "RuleContext") -> "Recommendation | None":
     if not gemm.any() or km["duration_ns"][gemm & km["math_path"].isin(["bf16", "fp16"])].sum() < (
             AUTOCAST_GEMM_SHARE * km["duration_ns"][gemm].sum()):
         return None
-    pool = km[km["family"].isin(["elementwise", "norm", "reduce", "copy"]) & (km["phase"] != "optimizer")]
-    pool = pool[~_matches(pool["name"], LOSS) & ~_matches(pool["op"], LOSS)]
+    # masks first, then one copy of the chosen rows: each row filter copies the rows' names
+    pool = (km["family"].isin(["elementwise", "norm", "reduce", "copy"]) & (km["phase"] != "optimizer")
+            & ~_matches(km["name"], LOSS) & ~_matches(km["op"], LOSS)).to_numpy()
     by_name = _fractions_by_name(ctx)
-    frac = pd.Series(per_distinct(pool["name"], lambda n: by_name[n] if n in by_name else _name_fraction(n), 0.0, float),
-                     index=pool.index)
-    fp32 = pool[frac > 0]
-    saving = float((fp32["duration_ns"] * frac[frac > 0]).sum()) / ctx.n_steps
+    frac = per_distinct(km["name"], lambda n: by_name[n] if n in by_name else _name_fraction(n), 0.0, float)
+    chosen = pool & (frac > 0)
+    fp32 = km[chosen]
+    saving = float((fp32["duration_ns"] * frac[chosen]).sum()) / ctx.n_steps
     if fp32.empty:
         return None
     casts = ctx.detail[ctx.detail["op"].isin(CASTS)] if not ctx.detail.empty else ctx.detail
     cast_names = set(casts["name"]) if not casts.empty else set()
-    cast_ns = _per_step(km[km["name"].isin(cast_names)], ctx)
+    cast_ns = float(km["duration_ns"][km["name"].isin(cast_names)].sum()) / ctx.n_steps
     return Recommendation(
         "GD-FP32-UNDER-AUTOCAST", "Element-wise and norm kernels run in fp32 while the GEMMs run in bf16/fp16", saving,
         "sum of those kernels' time x the share of their bytes that bf16 would save (fp32 bytes / 2 over all bytes, "
