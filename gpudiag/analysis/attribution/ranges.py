@@ -235,9 +235,10 @@ def attribute(kernels: pd.DataFrame, runtime_api: pd.DataFrame, nvtx: pd.DataFra
               payloads: pd.Series | None = None) -> pd.DataFrame:
     """Attribution table, one row per kernel (same order as ``kernels``), with columns:
     kernel_id, api_start_ns, api_end_ns, api_tid, api_name, step (-1 outside every step),
-    phase (forward/backward/optimizer/other), module (qualified path, '' if none),
-    module_class, op (aten op name, '' if none), op_args (JSON text of shapes/dtypes, '' if none),
-    op_call (index of the op call that launched it, -1 if none).
+    module (qualified path, '' if none), module_class, phase (forward/backward/optimizer/other:
+    the phase range open at the launch; outside every phase range, forward when a module range
+    is open, else other), op (aten op name, '' if none), op_args (JSON text of shapes/dtypes, ''
+    if none), op_call (index of the op call that launched it, -1 if none).
 
     Kernels with no launch call in the export (API tracing off) have no step, except when the
     step is the whole capture: then their own start time places them. ``payloads``: the
