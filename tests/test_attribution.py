@@ -117,6 +117,27 @@ def test_steps_from_regex_and_whole_capture(export_path):
     assert none.kind == "whole" and "whole capture" in none.source
 
 
+def test_whole_capture_without_kernels_is_an_empty_window(export_path):
+    """tiny_gemm_gelu's API calls and NVTX ranges without its kernels (a capture stopped before the
+    first one; the pipeline refuses such an export, a direct call does not): the whole-capture
+    window starts at the first launch call and ends where it starts, [start, start + 1), holding
+    no kernel; without launch calls either, at 0. Oracle: the first call's start, read with SQL."""
+    import sqlite3
+
+    from gpudiag.sources.nsys_sqlite import read_export
+
+    path = export_path("tiny_gemm_gelu")
+    with sqlite3.connect(path) as conn:
+        first_call = conn.execute("SELECT min(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+    export = read_export(path)
+    no_kernels = export.kernels.iloc[:0]
+    steps = find_steps(export.nvtx_ranges, no_kernels, "nvtx:^no such range$", export.runtime_api)
+    assert steps.kind == "whole"
+    assert steps.table[["step", "start_ns", "end_ns"]].values.tolist() == [[0, first_call, first_call + 1]]
+    nothing = find_steps(export.nvtx_ranges, no_kernels, "nvtx:^no such range$")
+    assert nothing.table[["step", "start_ns", "end_ns"]].values.tolist() == [[0, 0, 1]]
+
+
 def _edited_export(export_path, tmp_path, name: str, sql: str):
     """A copy of the real export ``name`` with ``sql`` applied (the copy's path)."""
     import shutil
