@@ -117,6 +117,27 @@ def test_steps_from_regex_and_whole_capture(export_path):
     assert none.kind == "whole" and "whole capture" in none.source
 
 
+def test_whole_capture_without_kernels_is_an_empty_window(export_path):
+    """tiny_gemm_gelu's API calls and NVTX ranges without its kernels (a capture stopped before the
+    first one; the pipeline refuses such an export, a direct call does not): the whole-capture
+    window starts at the first launch call and ends where it starts, [start, start + 1), holding
+    no kernel; without launch calls either, at 0. Oracle: the first call's start, read with SQL."""
+    import sqlite3
+
+    from gpudiag.sources.nsys_sqlite import read_export
+
+    path = export_path("tiny_gemm_gelu")
+    with sqlite3.connect(path) as conn:
+        first_call = conn.execute("SELECT min(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+    export = read_export(path)
+    no_kernels = export.kernels.iloc[:0]
+    steps = find_steps(export.nvtx_ranges, no_kernels, "nvtx:^no such range$", export.runtime_api)
+    assert steps.kind == "whole"
+    assert steps.table[["step", "start_ns", "end_ns"]].values.tolist() == [[0, first_call, first_call + 1]]
+    nothing = find_steps(export.nvtx_ranges, no_kernels, "nvtx:^no such range$")
+    assert nothing.table[["step", "start_ns", "end_ns"]].values.tolist() == [[0, 0, 1]]
+
+
 def _edited_export(export_path, tmp_path, name: str, sql: str):
     """A copy of the real export ``name`` with ``sql`` applied (the copy's path)."""
     import shutil
@@ -225,3 +246,69 @@ def test_nested_modules_pushed_in_the_same_ns(export_path, tmp_path):
     assert len(a) == len(oracle)
     got = dict(zip(a["correlation_id"], (a["module"] + "|" + a["module_class"]).str.strip("|")))
     assert got == oracle
+
+
+def test_attribution_table_has_the_documented_columns(analysed):
+    """The run database's kernel_attribution table (what a user queries) has the columns
+    docs/architecture.md lists for it, in that order: kernel_id, the row key, first."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    row = re.search(r"^\| `kernel_attribution` \| [^|]+ \| ([^|]+) \|$", doc, re.M).group(1)
+    documented = [c.split(" ")[0] for c in row.split(", ")]
+    db, _ = analysed("mlp_decode")
+    assert [r[1] for r in db.conn.execute("PRAGMA table_info(kernel_attribution)")] == documented
+
+
+def test_module_kernels_inside_a_phase_take_the_phase(export_path, tmp_path):
+    """The phase of a kernel is the phase range open at its launch call's start (any thread); a
+    kernel outside every phase range is 'forward' when a module range is open on its launching
+    thread, else 'other'. gpt2_train_bf16 edited as activation checkpointing would record it: each
+    backward() recomputes a block first, so a module range is pushed on the autograd thread during
+    the first half of every backward phase (its kernels are backward work, the first step's
+    included). GPT2LMHeadModel's own kernels (outside its submodules, the earliest module range)
+    are forward. Oracle: each kernel's phase from the edited export's ranges, in SQL."""
+    import sqlite3
+
+    from gpudiag.analysis.attribution.ranges import attribute
+    from gpudiag.sources.nsys_sqlite import read_export
+
+    path = _edited_export(export_path, tmp_path, "gpt2_train_bf16", """
+        CREATE TEMP TABLE recompute AS SELECT e.* FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId
+          WHERE coalesce(e.text, s.value) = 'gpudiag:phase backward';
+        UPDATE recompute SET
+          globalTid = (SELECT r.globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN CUPTI_ACTIVITY_KIND_KERNEL k USING (correlationId)
+                       WHERE r.start >= recompute.start AND r.start < recompute.end AND r.globalTid != recompute.globalTid LIMIT 1),
+          end = start + (end - start) / 2, text = 'gpudiag:module transformer.h.11|GPT2Block', textId = NULL;
+        INSERT INTO NVTX_EVENTS SELECT * FROM recompute;""")
+    with sqlite3.connect(path) as conn:
+        conn.executescript("""
+            CREATE TEMP TABLE n AS SELECT e.start, e.end, e.globalTid AS tid, coalesce(e.text, s.value) AS text
+              FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId WHERE e.end > e.start;
+            CREATE TEMP TABLE phases AS SELECT start, end, substr(text, length('gpudiag:phase ') + 1) AS name FROM n
+              WHERE text LIKE 'gpudiag:phase %';
+            CREATE TEMP TABLE modules AS SELECT start, end, tid FROM n WHERE text LIKE 'gpudiag:module %';
+            CREATE INDEX temp.modules_at ON modules (tid, start);
+            CREATE TEMP TABLE launches AS SELECT k.correlationId AS corr, r.start, r.globalTid AS tid,
+                (SELECT p.name FROM phases p WHERE p.start <= r.start AND r.start < p.end ORDER BY p.start LIMIT 1) AS phase,
+                EXISTS (SELECT 1 FROM modules m WHERE m.tid = r.globalTid AND m.start <= r.start AND r.start < m.end) AS in_module
+              FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r USING (correlationId);""")
+        oracle = dict(conn.execute(
+            "SELECT corr, coalesce(phase, CASE WHEN in_module THEN 'forward' ELSE 'other' END) FROM launches"))
+        first_backward = conn.execute("SELECT min(start), min(end) FROM phases WHERE name = 'backward'").fetchone()
+        recomputed_first = conn.execute("SELECT count(*) FROM launches WHERE in_module AND ? <= start AND start < ?",
+                                        first_backward).fetchone()[0]
+        earliest = conn.execute("SELECT start, end, tid FROM modules ORDER BY start LIMIT 1").fetchone()
+        outermost_own = conn.execute("""SELECT count(*) FROM launches l WHERE l.tid = ? AND ? <= l.start AND l.start < ?
+            AND NOT EXISTS (SELECT 1 FROM modules m WHERE m.tid = l.tid AND m.start <= l.start AND l.start < m.end
+                            AND (m.start, m.end) != (?, ?))""", (earliest[2], *earliest[:2], *earliest[:2])).fetchone()[0]
+        counts = dict(conn.execute("SELECT coalesce(phase, in_module), count(*) FROM launches GROUP BY 1"))
+    # the edit gives backward kernels in module ranges, the first phase's among them
+    assert recomputed_first > 0 and outermost_own > 0 and counts[1] > 0 and counts[0] > 0, counts
+    export = read_export(path)
+    steps = find_steps(export.nvtx_ranges, export.kernels, runtime_api=export.runtime_api)
+    kernels = export.kernels.assign(kernel_id=np.arange(len(export.kernels)))  # as the run database numbers them
+    a = attribute(kernels, export.runtime_api, export.nvtx_ranges, steps)
+    assert len(a) == len(oracle)
+    assert dict(zip(kernels["correlation_id"].tolist(), a["phase"].tolist())) == oracle

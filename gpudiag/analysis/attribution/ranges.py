@@ -140,7 +140,7 @@ def gpudiag_steps(ranges: pd.DataFrame, tails: pd.DataFrame) -> Steps | None:
         return None
     r = ranges.sort_values("start_ns", kind="stable", ignore_index=True)
     number = r["text"].str[len(nvtx_names.STEP):].astype(int).to_numpy()
-    run = np.concatenate([[0], np.cumsum(number[1:] <= number[:-1])]) if len(r) else np.array([], int)
+    run = np.concatenate([[0], np.cumsum(number[1:] <= number[:-1])])  # r has a row: ranges is not empty
     keep = np.ones(len(r), dtype=bool)
     if not tails.empty:
         before = np.searchsorted(r["start_ns"].to_numpy(), tails["start_ns"].to_numpy(), side="left") - 1
@@ -185,7 +185,10 @@ def find_steps(nvtx: pd.DataFrame, kernels: pd.DataFrame, steps_from: str | None
     """Step windows: gpudiag's own step ranges when present (unless ``steps_from`` is
     ``nvtx:REGEX``), else the user's ranges matching REGEX or :data:`DEFAULT_USER_STEP_REGEX`,
     else the whole capture as one window (from the first launch call or kernel, whichever is
-    earlier, to the last kernel's end). Raises :class:`AnalysisError` for an invalid REGEX."""
+    earlier, to one past the last kernel's end). Without kernels (the pipeline refuses such an
+    export; a direct call may not) that window is [start, start + 1): it starts at the first
+    launch call, or at 0 without one, and holds no kernel. Raises :class:`AnalysisError` for an
+    invalid REGEX."""
     text = nvtx["text"].fillna("") if not nvtx.empty else pd.Series(dtype=str)
     regex = steps_from[5:] if steps_from and steps_from.startswith("nvtx:") else None
     if regex is None:
@@ -202,11 +205,11 @@ def find_steps(nvtx: pd.DataFrame, kernels: pd.DataFrame, steps_from: str | None
         t = pd.DataFrame({"step": np.arange(len(user)), "start_ns": user["start_ns"].to_numpy(),
                           "end_ns": user["end_ns"].to_numpy()})
         return Steps(t, f"user NVTX ranges matching {pattern.pattern!r}", "nvtx")
-    starts = [kernels["start_ns"].min() if not kernels.empty else 0]
+    starts = [] if kernels.empty else [kernels["start_ns"].min()]
     if runtime_api is not None and not runtime_api.empty:
         starts.append(runtime_api["start_ns"].min())  # kernels are assigned by their launch call
-    start = min(starts)
-    end = kernels["end_ns"].max() if not kernels.empty else 0
+    start = min(starts, default=0)
+    end = kernels["end_ns"].max() if not kernels.empty else start  # no kernels: [start, start + 1) holds none
     t = pd.DataFrame({"step": [0], "start_ns": [start], "end_ns": [end + 1]})
     return Steps(t, "whole capture (no step ranges found; pass --steps-from nvtx:REGEX to use your own)", "whole")
 
@@ -239,9 +242,10 @@ def attribute(kernels: pd.DataFrame, runtime_api: pd.DataFrame, nvtx: pd.DataFra
               payloads: pd.Series | None = None) -> pd.DataFrame:
     """Attribution table, one row per kernel (same order as ``kernels``), with columns:
     kernel_id, api_start_ns, api_end_ns, api_tid, api_name, step (-1 outside every step),
-    phase (forward/backward/optimizer/other), module (qualified path, '' if none),
-    module_class, op (aten op name, '' if none), op_args (JSON text of shapes/dtypes, '' if none),
-    op_call (index of the op call that launched it, -1 if none).
+    module (qualified path, '' if none), module_class, phase (forward/backward/optimizer/other:
+    the phase range open at the launch; outside every phase range, forward when a module range
+    is open, else other), op (aten op name, '' if none), op_args (JSON text of shapes/dtypes, ''
+    if none), op_call (index of the op call that launched it, -1 if none).
 
     Kernels with no launch call in the export (API tracing off) have no step, except when the
     step is the whole capture: then their own start time places them. ``payloads``: the
