@@ -95,7 +95,8 @@ def main() -> None:
     ap.add_argument("--versions", dest="versions_dir", type=Path, default=ROOT / ".bench" / "versions")
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpudiag-scale-versions"))
     args = ap.parse_args()
-    args.versions, args.out = args.versions_dir, Path(os.environ.get("OUT", args.work / "out"))
+    # absolute: each run starts in the work folder (see the module docstring)
+    args.versions, args.out = args.versions_dir.resolve(), Path(os.environ.get("OUT", args.work / "out"))
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
