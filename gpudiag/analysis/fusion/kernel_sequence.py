@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analysis.roofline.classify import CONFIG_COLUMNS
-from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES, kernel_label
+from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES, kernel_label, per_distinct
 from gpudiag.analysis.roofline.peaks import DevicePeaks
 
 # Kernels that end a run although memory-bound: library internals of the call beside them (cuDNN's
@@ -125,25 +125,36 @@ def kernel_runs(kernels: pd.DataFrame) -> pd.DataFrame:
     start_ns, duration_ns, name, kernel_class, family, and CONFIG_COLUMNS): the member rows, in run
     order, with ``run`` (an id per run), ``config`` (an id per launch configuration) and ``key`` (the
     run's configuration sequence, as a string). Runs of one kernel are left out."""
-    k = kernels.sort_values(["step", "stream_id", "start_ns"], kind="stable")  # a new frame: kernels unchanged
-    k["config"] = k[CONFIG_COLUMNS].fillna(-1).groupby(CONFIG_COLUMNS, sort=False).ngroup()
-    member = (k["kernel_class"].isin(["bandwidth", "overhead"]) & ~k["family"].isin(BREAKING_FAMILIES)
-              & ~k["name"].fillna("").str.contains(LIBRARY_INTERNAL)).to_numpy()
+    # The runs are found on a few columns (the names as integer codes) with each row's position;
+    # the members' rows of ``kernels`` are copied once at the end (a row filter of the kernel frame
+    # copies every column, the names included: 22 % of a 1 M-kernel foreign report's main thread).
+    names = kernels["name"]
+    internal = per_distinct(names.fillna(""), lambda n: bool(LIBRARY_INTERNAL.search(n)), False, bool)
+    member = ((kernels["kernel_class"].isin(["bandwidth", "overhead"]) & ~kernels["family"].isin(BREAKING_FAMILIES))
+              .to_numpy() & ~internal)
+    # a name's code stands for the name: the same groups, numbered in the same order (NULL: -1)
+    config_columns = ["name_code" if c == "name" else c for c in CONFIG_COLUMNS]
+    k = kernels[["step", "stream_id", "start_ns", *(c for c in CONFIG_COLUMNS if c != "name")]].assign(
+        name_code=pd.factorize(names)[0], member=member, row=np.arange(len(kernels)),
+    ).sort_values(["step", "stream_id", "start_ns"], kind="stable")
+    config = k[config_columns].fillna(-1).groupby(config_columns, sort=False).ngroup().to_numpy()
+    member = k["member"].to_numpy()
     same_place = ((k["step"].to_numpy()[1:] == k["step"].to_numpy()[:-1])
                   & (k["stream_id"].to_numpy()[1:] == k["stream_id"].to_numpy()[:-1]))
     continues = np.concatenate([[False], member[:-1] & same_place])
-    k["run"] = np.cumsum(member & ~continues)
-    k = k[member]
-    sizes = _run_sizes(k["run"].to_numpy())
-    k = k[np.repeat(sizes >= 2, sizes)]
-    sizes = sizes[sizes >= 2]
+    run = np.cumsum(member & ~continues)
+    rows, config, run = k["row"].to_numpy()[member], config[member], run[member]
+    sizes = _run_sizes(run)
+    keep = np.repeat(sizes >= 2, sizes)
+    rows, config, run, sizes = rows[keep], config[keep], run[keep], sizes[sizes >= 2]
     # one join per run over its contiguous rows (a groupby transform with a Python function per
     # run took 44 % of a 1 M-kernel report of an export without step ranges: docs/scale.md)
-    configs = k["config"].astype(str).tolist()
+    configs = config.astype(str).tolist()
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     keys = [" ".join(configs[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-    k["key"] = np.repeat(np.array(keys, dtype=object), sizes)
-    return k
+    members = kernels.iloc[rows].assign(config=config, run=run)
+    members["key"] = np.repeat(np.array(keys, dtype=object), sizes)
+    return members
 
 
 def _run_sizes(run: np.ndarray) -> np.ndarray:
@@ -181,7 +192,10 @@ def kernel_sequence_candidates(kernels: pd.DataFrame, peaks: DevicePeaks, n_step
     ``kernels`` (0 gives []). The ``top`` first; all with None."""
     if not n_steps or kernels.empty:
         return []
-    members = kernel_runs(kernels if "module" in kernels else kernels.assign(module=""))
+    # the columns read here and by kernel_runs: the members' copy leaves the kernel frame's others out
+    k = kernels if "module" in kernels else kernels.assign(module="")
+    members = kernel_runs(k[list(dict.fromkeys(["step", "stream_id", "start_ns", "duration_ns", "kernel_class", "family",
+                                                "short_name", "module", *CONFIG_COLUMNS]))])
     if members.empty:
         return []
     per_config = members.groupby("config").agg(name=("name", "first"), short_name=("short_name", "first"),
