@@ -64,6 +64,12 @@ def test_window_index():
     assert list(window_index(starts, ends, np.array([0, 9, 10, 25, 39, 40, np.nan]))) == [0, 0, 1, -1, 2, -1, -1]
 
 
+def test_window_index_without_windows_is_minus_one_per_time():
+    """No windows (an export without phase ranges): one -1 per query time, an array of their shape."""
+    got = window_index(np.array([]), np.array([]), np.array([5.0, np.nan, 7.0]))
+    assert got.shape == (3,) and got.tolist() == [-1, -1, -1]
+
+
 def test_swin_steps_phases_modules_ops(analysed):
     db, report = analysed("swin_t_train_bf16")
     a = pd.read_sql_query("SELECT * FROM kernel_attribution", db.conn)
@@ -312,3 +318,27 @@ def test_module_kernels_inside_a_phase_take_the_phase(export_path, tmp_path):
     a = attribute(kernels, export.runtime_api, export.nvtx_ranges, steps)
     assert len(a) == len(oracle)
     assert dict(zip(kernels["correlation_id"].tolist(), a["phase"].tolist())) == oracle
+
+
+def test_op_range_without_an_op_name_is_shown_as_unknown(export_path, tmp_path):
+    """An op range whose payload names no op (mlp_decode with ``"op":"aten::gelu",`` cut out of
+    its GELU op ranges): the kernels those ranges launched are attributed to op "?", in the same
+    op calls; every other kernel's op is as in the unedited export (the oracle: its analysis)."""
+    from gpudiag.analysis.ingest import ingest
+    from gpudiag.analysis.pipeline import analyse
+
+    def attribution(path, folder):
+        folder.mkdir()
+        db = ingest(path, folder / "run.sqlite")
+        analyse(db)
+        return pd.read_sql_query("SELECT kernel_id, op, op_call FROM kernel_attribution ORDER BY kernel_id", db.conn)
+
+    edit = """UPDATE NVTX_EVENTS SET text = replace(text, '{"op":"aten::gelu",', '{')
+              WHERE text LIKE 'gpudiag:op {"op":"aten::gelu",%';"""
+    before = attribution(export_path("mlp_decode"), tmp_path / "before")
+    after = attribution(_edited_export(export_path, tmp_path, "mlp_decode", edit), tmp_path / "after")
+    gelu = (before["op"] == "aten::gelu").to_numpy()
+    assert gelu.sum() > 0
+    assert (after.loc[gelu, "op"] == "?").all()
+    assert after.loc[~gelu, "op"].tolist() == before.loc[~gelu, "op"].tolist()
+    assert after["op_call"].tolist() == before["op_call"].tolist()
