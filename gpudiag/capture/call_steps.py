@@ -31,7 +31,13 @@ import threading
 import time
 import weakref
 
+from gpudiag.capture import model_modules
+
 MAX_FORWARDS_PER_STEP = 4096  # forward starts kept per generate() step (one per new token)
+# Outermost model calls with an optimizer constructed and never stepped before auto mode takes the
+# calls as steps (gpudiag's choice: a training loop's first optimizer step comes after one or two
+# forwards — a GAN's after three — never after 64).
+OPTIMIZER_PATIENCE = 64
 
 _local = threading.local()  # depth of module calls on this thread
 
@@ -128,6 +134,7 @@ class CallSteps:
         self.root = None  # weak ref to the stepping module: its calls are steps, or generate()'s forwards
         self.generating = False  # generate mode decided: forwards are marked, not steps
         self.marks: dict[int, list] = {}  # step -> [(perf_counter ns, CUDA event)] per forward start
+        self.calls_waiting = 0  # outermost model calls seen while an optimizer exists and has not stepped
 
     def training_seen(self) -> None:
         """A backward() or optimizer step: in auto mode the optimizer's steps stay; stop tracking
@@ -145,6 +152,8 @@ class CallSteps:
             _local.depth = depth
             if depth == 0 and self._is_root(module):
                 self._root_done(output)
+            elif depth == 0 and self.root is None:
+                model_modules.learn_from_output(module, output)
 
     def pre(self, module) -> None:
         """At every module call outside compiled code (the launcher's global forward pre-hook,
@@ -226,15 +235,26 @@ class CallSteps:
             return
         if self.mode == "generate":  # a forward outside generate(): not a step
             return
+        if not model_modules.is_model(module):  # a data transform, or a module off the compute device
+            return
         if self.mode == "auto":
             # the same outermost module called again with no backward or optimizer step between:
             # a second request (a training loop calls its model and then its loss module, once each)
             if module not in self.roots:
                 self.roots.add(module)
                 return
-            if self.state.steps_completed:
+            if self.state.steps_completed or self._optimizer_first():
                 return
         self._switch("forward", module)
+
+    def _optimizer_first(self) -> bool:
+        """Auto mode with an optimizer constructed: wait for its step (training), unless the model
+        has been called :data:`OPTIMIZER_PATIENCE` times with none (an optimizer built and never
+        stepped, e.g. to load a checkpoint, in an inference script)."""
+        if not getattr(self.state, "optimizer_seen", False):
+            return False
+        self.calls_waiting += 1
+        return self.calls_waiting < OPTIMIZER_PATIENCE
 
     def _switch(self, mode: str, root=None) -> None:
         """Steps from now on come from ``mode``; this call is a step boundary. ``root``: the
@@ -257,7 +277,7 @@ class CallSteps:
         from gpudiag.capture import instrument
 
         state = self.state
-        if state.window.closed:
+        if state.window.closed or not instrument.owns(state):  # a forked child: not gpudiag's process
             return
         if state.step_index == -1:
             with state.lock:

@@ -376,6 +376,12 @@ class _PostImportFinder:
 
 # ---- public ----------------------------------------------------------------------------------
 
+def _disown() -> None:
+    """In a forked child (a DataLoader worker): record nothing; the parent's status has its own."""
+    global _state
+    _state = None
+
+
 def install(nvtx, fresh_compile: bool = True) -> None:
     """Start recording in this process (the launcher calls it before the user's script runs).
 
@@ -386,6 +392,9 @@ def install(nvtx, fresh_compile: bool = True) -> None:
     if _state is not None:
         return
     _state = _State(nvtx, fresh_compile)
+    from gpudiag.capture import model_modules
+
+    model_modules.register_disown(_disown)
     callbacks = {_DEBUG_MODULE: _guarded(_patch_debug), _OUTPUT_CODE_MODULE: _guarded(_patch_output_code)}
     try:
         for name, callback in callbacks.items():

@@ -31,7 +31,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from gpudiag import nvtx_names
-from gpudiag.capture import ddp_watch, dynamo_stats
+from gpudiag.capture import ddp_watch, dynamo_stats, model_modules
 from gpudiag.capture.op_ranges import NullNvtx, _make_op_mode, default_nvtx
 from gpudiag.capture.call_steps import CallSteps, generate_summary, wrap_call_target
 from gpudiag.capture.user_ranges import wrap_user_nvtx
@@ -112,6 +112,7 @@ class _State:
     call_steps: object = None  # gpudiag.capture.call_steps.CallSteps: forward / generate steps
     module_hooks: list = field(default_factory=list)  # handles of the two global forward hooks
     step_open_callbacks: list = field(default_factory=list)  # called with the step index as each step opens
+    optimizer_seen: bool = False  # an optimizer was constructed (auto mode then prefers its steps)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -305,7 +306,8 @@ def _forward_pre_hook(module, args):
         if state.call_steps is not None:
             state.call_steps.pre(module)
         return None
-    _ensure_step_open()
+    if state.step_index == -1 and model_modules.is_model(module):  # a transform's call opens no step
+        _ensure_step_open()
     if state.call_steps is not None:
         state.call_steps.pre(module)
     if state.autocast_dtype is None:  # once: the first forward runs inside the user's autocast region, if any
@@ -362,6 +364,24 @@ def _training_seen(state: _State) -> None:
             for handle in state.module_hooks:
                 handle.remove()
             state.module_hooks = []
+
+
+def _watch_optimizers(optim_module) -> None:
+    """Note that an optimizer exists (``Optimizer.__init__`` wrapped once): in auto mode the
+    optimizer's steps are then preferred to forward calls (:meth:`CallSteps._decide`)."""
+    cls = optim_module.Optimizer
+    if getattr(cls.__init__, "__gpudiag__", False):
+        return
+    original = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if _state is not None:
+            _state.optimizer_seen = True
+
+    __init__.__gpudiag__ = True
+    __init__.__wrapped__ = original
+    cls.__init__ = __init__
 
 
 def _optimizer_pre_hook(optimizer, args, kwargs):
@@ -441,9 +461,32 @@ def install(config: CaptureConfig, script_source: str = "", nvtx=None) -> _State
     _wrap_backward(torch)  # in the bare run too: it records the loss (see Window.record_loss)
     optim_module.register_optimizer_step_pre_hook(_optimizer_pre_hook)
     optim_module.register_optimizer_step_post_hook(_optimizer_post_hook)
+    _watch_optimizers(optim_module)
+    model_modules.claim()
+    model_modules.register_disown(_disown)
     state.window.watch_batch(nn_module, torch)
     ddp_watch.install()
     return state
+
+
+def _disown() -> None:
+    """In a child forked from the instrumented process (a DataLoader worker, a pool's worker):
+    drop the state and the global forward hooks, so the child counts no step, adds no range and is
+    never ended at the window's end (see :mod:`gpudiag.capture.model_modules`)."""
+    global _state
+    state, _state = _state, None
+    if state is None:
+        return
+    for handle in state.module_hooks:
+        handle.remove()
+    state.module_hooks = []
+    state.window.unwatch_batch()
+
+
+def owns(state) -> bool:
+    """Whether ``state`` is this process's live capture state (False after :func:`finish`, and in a
+    forked child): closures holding a state check it before they act."""
+    return state is not None and state is _state
 
 
 def step_wall_times(state: _State) -> dict[str, int]:

@@ -88,6 +88,33 @@ def _instrument_children(config_json: str, status_path: str, module: str | None)
     return ranks_dir
 
 
+def _finish_status(status: dict, config, code: int, ranks_dir: str | None, path: str) -> None:
+    """Close the capture and write the status (exit code, steps, trials, ranks) to ``path``."""
+    from gpudiag.capture import inductor_provenance, instrument
+
+    try:
+        import torch
+
+        status["torch_version"] = torch.__version__
+        status["torch_cuda_version"] = torch.version.cuda
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the kernels of the last step finish inside the capture
+    except Exception:  # noqa: BLE001 - a broken CUDA context must not hide the status
+        pass
+    status.update(instrument.finish())
+    if config.module_ranges:
+        status["inductor_provenance"] = inductor_provenance.collect()
+    if config.trial:
+        from gpudiag.trials import changes
+
+        status["trial"] = changes.summary()
+    if ranks_dir:
+        status["ranks"] = rank_hook.collect(ranks_dir) or None
+    status["exit_code"] = code
+    status["ended_unix_s"] = time.time()
+    _write_status(path, status)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the script; returns its exit code (also written to the status file)."""
     parser = argparse.ArgumentParser(prog="gpudiag.capture.launch")
@@ -122,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.module_ranges:  # compiled kernels back to modules: only where module ranges are wanted
         inductor_provenance.install(state.nvtx)
 
+    launcher_pid = os.getpid()
     ranks_dir = _instrument_children(ns.config, ns.status, ns.script if ns.module else None)
     code = 0
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -144,25 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         status["traceback"] = traceback.format_exc()
         traceback.print_exc()
     finally:
-        try:
-            import torch
-
-            status["torch_version"] = torch.__version__
-            status["torch_cuda_version"] = torch.version.cuda
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()  # the kernels of the last step finish inside the capture
-        except Exception:  # noqa: BLE001 - a broken CUDA context must not hide the status
-            pass
-        status.update(instrument.finish())
-        if config.module_ranges:
-            status["inductor_provenance"] = inductor_provenance.collect()
-        if config.trial:
-            status["trial"] = changes.summary()
-        if ranks_dir:
-            status["ranks"] = rank_hook.collect(ranks_dir) or None
-        status["exit_code"] = code
-        status["ended_unix_s"] = time.time()
-        _write_status(ns.status, status)
+        if os.getpid() == launcher_pid:  # not in a child the script forked (os.fork) that ended through here
+            _finish_status(status, config, code, ranks_dir, ns.status)
     return code
 
 

@@ -121,6 +121,8 @@ def install_from_environment() -> None:
     sys.excepthook = excepthook
 
     def write() -> None:
+        if os.getpid() != status["pid"]:  # a child forked from the rank that exits through atexit: not a rank
+            return
         status.update(instrument.finish())
         if config.trial:
             status["trial"] = changes.summary()

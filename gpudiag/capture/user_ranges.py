@@ -39,7 +39,8 @@ def wrap_user_nvtx(state, torch) -> None:
     depth = [0]
 
     def range_push(msg):
-        is_step = not state.window.closed and bool(state.step_regex.search(str(msg))) and _user_steps(state)
+        is_step = (instrument.owns(state) and not state.window.closed and bool(state.step_regex.search(str(msg)))
+                   and _user_steps(state))
         if is_step:
             state.window.step_opening(state.step_index + 1)  # the capture range opens before the range
         result = original_push(msg)
@@ -56,7 +57,7 @@ def wrap_user_nvtx(state, torch) -> None:
 
     def range_pop():
         done = False
-        if depth_of_step and depth_of_step[-1] == depth[0]:
+        if depth_of_step and depth_of_step[-1] == depth[0] and instrument.owns(state):  # not in a forked child
             depth_of_step.pop()
             state.step_end_ns[state.step_index] = time.perf_counter_ns()
             instrument._record_event(state.step_end_event, state.step_index)

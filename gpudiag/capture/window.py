@@ -145,13 +145,19 @@ class Window:
         embedding, positionally): a global forward pre-hook that removes itself once it found one
         (or after 1000 calls). A sequence-first input (``nn.LSTM`` without ``batch_first``) is
         misread; ``gpudiag.step(samples=N)`` overrides it."""
+        from gpudiag.capture import model_modules
+
         calls = [0]
 
-        def hook(_module, args):
+        def hook(module, args):
             if torch.compiler.is_compiling():  # first: Dynamo must trace nothing of gpudiag's state
+                return
+            if model_modules.is_data_transform(module):  # a transform's input is one sample, not a batch
                 return
             calls[0] += 1
             first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 1), None)
+            if first is not None and first.device.type != "cuda" and not model_modules.is_model(module):
+                first = None  # a CPU tensor passed to a module without the model's state: the data pipeline's
             if first is not None and self.samples_per_step is None:
                 self.samples_per_step = int(first.shape[0])
                 self.first_input_shape = [int(d) for d in first.shape]
@@ -160,6 +166,12 @@ class Window:
                 self._batch_hook = None
 
         self._batch_hook = nn_module.register_module_forward_pre_hook(hook)
+
+    def unwatch_batch(self) -> None:
+        """Remove the samples-per-step hook (in a forked child: not gpudiag's process)."""
+        if self._batch_hook is not None:
+            self._batch_hook.remove()
+            self._batch_hook = None
 
     def summary(self) -> dict:
         """The status entries of the window (merged into the launcher's status)."""
