@@ -7,8 +7,9 @@
   it was called on (prefill, then one per new token) are its sub-steps, their starts kept for
   TTFT/TPOT (an encoder-decoder's encoder, called apart, is not one).
 - ``auto`` (the launcher's default after ``gpudiag.step()``, the user's NVTX steps and the
-  optimizer): undecided until the evidence comes. A ``backward()`` or an optimizer step keeps the
-  optimizer's steps; an outermost forward called from inside ``generate()`` makes it ``generate``;
+  optimizer): undecided until the evidence comes. An optimizer step, or a ``backward()`` once an
+  optimizer exists, keeps the optimizer's steps (a training loop with no torch.optim optimizer, its
+  update written by hand, gets the model's calls as steps); an outermost forward called from inside ``generate()`` makes it ``generate``;
   a second call of the same outermost module with neither between makes it ``forward``. The first
   call before that is the start-up's last part: model construction and weight upload before it are
   in no step.
@@ -140,6 +141,10 @@ class CallSteps:
         """A backward() or optimizer step: in auto mode the optimizer's steps stay; stop tracking
         (the hooks stay, as flag tests: see the module docstring)."""
         if not self.training and self.mode == "auto" and self.state.step_mode == "optimizer":
+            if not getattr(self.state, "optimizer_seen", False):
+                # training with no torch.optim optimizer (pytorch/examples word_language_model updates
+                # p.data by hand): no optimizer step will come, so the model's calls may be the steps
+                return
             self.training = True
             self.counting = False
 

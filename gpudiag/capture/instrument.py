@@ -41,6 +41,9 @@ from gpudiag.capture.window import Window
 # "iteration_3"), stricter than the analysis's default (gpudiag.analysis.attribution.ranges), which also
 # takes "train_step": at run time a nested "optimizer_step" must not become the step.
 AUTO_USER_STEP_REGEX = r"(?i)^\s*(?:step|iteration|iter)(?:[^a-z]|$)"
+# Optimizer steps before the first step boundary while an optimizer built has not stepped (one
+# built and never used): gpudiag's choice, as call_steps.OPTIMIZER_PATIENCE.
+OPTIMIZER_PATIENCE = 64
 
 
 @dataclass
@@ -113,6 +116,10 @@ class _State:
     module_hooks: list = field(default_factory=list)  # handles of the two global forward hooks
     step_open_callbacks: list = field(default_factory=list)  # called with the step index as each step opens
     optimizer_seen: bool = False  # an optimizer was constructed (auto mode then prefers its steps)
+    optimizers_built: "weakref.WeakSet" = field(default_factory=weakref.WeakSet)  # live optimizers built
+    optimizers_stepped: "weakref.WeakSet" = field(default_factory=weakref.WeakSet)  # optimizers that stepped
+    steps_waiting: int = 0  # optimizer steps seen while an optimizer built had not stepped yet
+    last_new_optimizer: object = None  # weak ref to the optimizer that stepped first time last
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -378,6 +385,7 @@ def _watch_optimizers(optim_module) -> None:
         original(self, *args, **kwargs)
         if _state is not None:
             _state.optimizer_seen = True
+            _state.optimizers_built.add(self)
 
     __init__.__gpudiag__ = True
     __init__.__wrapped__ = original
@@ -397,8 +405,27 @@ def _optimizer_post_hook(optimizer, args, kwargs):
     if state is None or _compiling():
         return
     state.nvtx.pop()
-    if state.step_mode == "optimizer":
+    if state.step_mode == "optimizer" and _ends_iteration(state, optimizer):
         step_boundary()
+
+
+def _ends_iteration(state: _State, optimizer) -> bool:
+    """Whether this ``optimizer.step()`` ends a loop iteration: it is the step of the optimizer
+    that stepped first time last, once every optimizer built has stepped. With one optimizer, every
+    step; a GAN's discriminator then generator (pytorch/examples dcgan: ``optimizerD.step()``,
+    ``optimizerG.step()`` per batch) or a critic stepped five times per generator step (WGAN), the
+    generator's, so a step is one iteration of the script's loop; a wrapper optimizer (ZeRO,
+    Lookahead) whose step runs its inner one's, the wrapper's. An optimizer built and never stepped
+    delays the first boundary by :data:`OPTIMIZER_PATIENCE` steps at most."""
+    if optimizer not in state.optimizers_stepped:
+        state.optimizers_stepped.add(optimizer)
+        state.last_new_optimizer = weakref.ref(optimizer)
+    if state.last_new_optimizer() is not optimizer:
+        return False
+    if len(state.optimizers_stepped) < len(state.optimizers_built):  # the first iteration is not over
+        state.steps_waiting += 1
+        return state.steps_waiting > OPTIMIZER_PATIENCE
+    return True
 
 
 # ---- install / finish --------------------------------------------------------------------------

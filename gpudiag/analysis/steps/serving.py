@@ -29,8 +29,10 @@ PERCENTILES = (50, 90, 99)
 
 def is_inference(status: dict | None) -> bool:
     """True for a run whose steps are requests: forward or generate() steps, or any steps with no
-    ``backward()`` call recorded (no loss kept). False without a launcher status (an export)."""
-    if not status or not status.get("step_mode"):
+    ``backward()`` call recorded (no loss kept). False without a launcher status (an export), and
+    for steps that called ``backward()`` (forward steps of a training loop with no torch.optim
+    optimizer, such as pytorch/examples word_language_model's hand-written SGD update)."""
+    if not status or not status.get("step_mode") or status.get("losses"):
         return False
     # a status without the "losses" key predates their recording: nothing says it is inference
     return status["step_mode"] in ("forward", "generate") or ("losses" in status and not status["losses"])
