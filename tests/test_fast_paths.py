@@ -103,7 +103,7 @@ def test_activities_with_the_kernels_calls_equal_a_join_of_every_row(gpt2):
     kernels = gpt2.kernels.assign(kernel_id=np.arange(len(gpt2.kernels)))
     plain = gpu_activities(kernels, gpt2.memcpy, gpt2.memset, gpt2.runtime_api)
     reused = gpu_activities(kernels, gpt2.memcpy, gpt2.memset, gpt2.runtime_api,
-                            launch_calls(kernels, gpt2.runtime_api)[["api_start_ns", "api_end_ns"]])
+                            launch_calls(kernels, gpt2.runtime_api)[["api_start_ns", "api_end_ns", "api_tid"]])
     pd.testing.assert_frame_equal(reused, plain)
     copies = plain[plain["kind"] != "kernel"]
     assert len(copies) == len(gpt2.memcpy) + len(gpt2.memset) > 0

@@ -39,18 +39,39 @@ def gpt2(analysed):
     return report
 
 
+def _first_measured(report: dict) -> dict:
+    return next(s for s in report["steps"]["per_step"] if s["measured"])
+
+
 @pytest.mark.parametrize("breakage,invariant", [
     (lambda r: r.update(gpu_busy_percent=-1.3), "gpu_busy_within_0_100"),
     (lambda r: r["steps"]["step_time_ns"].update(median=0.0), "step_times_positive"),
     (lambda r: r["breakdown_percent"].update(idle=r["breakdown_percent"]["idle"] + 3), "breakdown_sums_to_100"),
     (lambda r: r["recommendations"][0].update(saving_percent_of_step=56943.0), "savings_within_the_step"),
     (lambda r: r["fusion_candidates"][0].update(saving_ns_per_step=1e12), "savings_within_the_step"),
+    # launch-bound + host compute = host-bound idle: in the idle section, a step's entry, the breakdown
+    (lambda r: r["idle"].update(host_compute_idle_ns_per_step=r["idle"]["host_compute_idle_ns_per_step"] + 1e5),
+     "overhead_split_adds_up"),
+    (lambda r: _first_measured(r).update(launch_bound_idle_ns=_first_measured(r)["launch_bound_idle_ns"] + 2e3),
+     "overhead_split_adds_up"),
+    (lambda r: r["overhead_split_ns_per_step"].update(host_compute_ns=r["overhead_split_ns_per_step"]["host_compute_ns"] + 50.0),
+     "overhead_split_adds_up"),
 ])
 def test_each_invariant_fires_with_one_warning(gpt2, breakage, invariant):
     breakage(gpt2)
     report = invariants.check(gpt2)
     assert list(report["invariants"]) == [invariant]
     assert len(report["warnings"]) == 1 and report["warnings"][0].startswith(f"invariant {invariant} violated")
+
+
+def test_reports_written_before_the_overhead_split_are_not_checked_for_it(gpt2):
+    """A report.json of an older gpudiag (no launch-bound / host-compute fields) passes."""
+    gpt2.pop("overhead_split_ns_per_step"), gpt2.pop("overhead_split_percent")
+    for key in [k for k in gpt2["idle"] if "host_compute" in k or "launch_bound" in k]:
+        gpt2["idle"].pop(key)
+    for s in gpt2["steps"]["per_step"]:
+        s.pop("launch_bound_idle_ns", None), s.pop("host_compute_idle_ns", None)
+    assert invariants.overhead_split_adds_up(gpt2) == [] and invariants.check(gpt2)["invariants"] == {}
 
 
 def test_an_additive_set_of_savings_past_the_step_breaks_the_invariant(gpt2):
@@ -75,6 +96,9 @@ def test_every_rule_says_what_time_it_counts():
     assert ids and ids <= set(overlaps.TIME_ACTED_ON), ids - set(overlaps.TIME_ACTED_ON)
     assert overlaps.overlap("GD-SMALL-GRID", "GD-FP32-MATMUL") and overlaps.overlap("GD-TORCH-COMPILE", "GD-UNFUSED-NORM")
     assert not overlaps.overlap("GD-INPUT-STALL", "GD-OVERHEAD-BOUND")
+    # the two parts of host-bound idle: disjoint; host compute before the first kernel is the stall's too
+    assert not overlaps.overlap("GD-HOST-COMPUTE", "GD-OVERHEAD-BOUND")
+    assert overlaps.overlap("GD-HOST-COMPUTE", "GD-INPUT-STALL") and overlaps.overlap("GD-HOST-COMPUTE", "GD-HOST-SYNC")
     assert not overlaps.overlap("GD-UNFUSED-OPTIMIZER", "GD-FP32-MATMUL")
     assert overlaps.overlap("GD-SOMETHING-NEW", "GD-INPUT-STALL")
     total, chosen = overlaps.largest_additive_total({"A": 5.0, "B": 4.0, "C": 3.0}, {"A": ["B", "C"], "B": ["A"], "C": ["A"]})

@@ -64,7 +64,8 @@ def test_the_tools_answer_with_the_reports_numbers(reports):
     recs, steps, kernels, verdict, summary = (answer(r) for r in results)
     data = json.loads((reports / "input_pipeline_bad" / "report.json").read_text())
     assert recs["recommendations"] == data["recommendations"]
-    assert [r["rule_id"] for r in recs["recommendations"]] == ["GD-INPUT-STALL", "GD-PAGEABLE-COPY"]
+    # the CPU augmentation in the main process is also host compute (GD-HOST-COMPUTE, overlapping the stall)
+    assert [r["rule_id"] for r in recs["recommendations"]] == ["GD-INPUT-STALL", "GD-HOST-COMPUTE", "GD-PAGEABLE-COPY"]
     assert steps["per_step"] == data["steps"]["per_step"] and steps["measured"] == data["steps"]["measured"]
     assert kernels["kernels"] == data["top_kernels"][:3]
     assert summary["breakdown_percent"] == data["breakdown_percent"] and summary["device"] == "NVIDIA H200"

@@ -136,7 +136,7 @@ def test_torchrun_running_gpudiag_profile_gives_one_run_per_rank(tmp_path):
             status = json.loads((run / name).read_text())
             assert status["exit_code"] == 0 and status["steps_completed"] >= 5, (k, name)
         trial = json.loads((run / "report.json").read_text())["trials"][0]
-        assert trial["change"] == "fused-optimizer" and trial["status"] == "measured", trial
+        assert trial["change"] == "fused-optimizer" and trial["status"] in ("measured", "inconclusive"), trial
     assert proc.stdout.count("report: ") == 1 and "rank0" in proc.stdout
     assert "report: " in (tmp_path / "out" / "rank1" / "terminal.log").read_text()
     assert not (tmp_path / "out" / "rank0" / "terminal.log").exists()
@@ -273,9 +273,10 @@ def test_trials_of_a_launched_job_apply_the_change_in_every_rank(tmp_path, monke
     lines = []
     records = run_trials("torch.distributed.run", args, tmp_path, config,
                          [{"change": "fused-optimizer", "predicted_saving_ns": 1e5, "rule_id": "GD-UNFUSED-OPTIMIZER"}],
-                         {}, budget_s=50, echo=lines.append)
+                         {}, budget_s=150, echo=lines.append)
     (record,) = records
-    assert record["status"] == "measured", (record, lines)
+    # a lone change runs twice between three baselines; on 2 busy CPU cores the verdict may go either way
+    assert record["status"] in ("measured", "inconclusive"), (record, lines)
     # on CPU tensors the fused form is foreach=True: applied in each rank, by rank's own SGD
     assert any("SGD" in a and "foreach=True" in a for a in record["applied"]), record["applied"]
     trial = json.loads((tmp_path / "trial_fused-optimizer.json").read_text())
@@ -285,7 +286,7 @@ def test_trials_of_a_launched_job_apply_the_change_in_every_rank(tmp_path, monke
     view = results.job_view(trial)
     for k, ns in view["step_wall_ns"].items():
         assert ns == max(float(r["step_wall_ns"][k]) for r in trial["ranks"])
-    assert record["steps"] == 3 and record["trial_step_ns"] > 0 and record["baseline_step_ns"] > 0
+    assert record["steps"] == 6 and record["trial_step_ns"] > 0 and record["baseline_step_ns"] > 0
 
 
 def test_nproc_per_node_runs_the_script_under_torchrun(tmp_path):

@@ -67,7 +67,8 @@ def test_half_weights_runs_bf16_and_keeps_the_scripts_dtypes(tmp_path):
     # bf16 weights move the outputs (it did act) by less than the bf16 tolerance
     assert diff is not None and 1e-4 < diff["relative"] <= results.TOLERANCE["bf16"]
     record = results.trial_result({"change": "half-weights"}, base, trial, 0, 1.0, comparable=True)
-    assert record["status"] == "measured" and record["result_difference"]["compared"] == "outputs"
+    # within tolerance: the status is the timing's (one baseline run here: inconclusive)
+    assert record["status"] == "inconclusive" and record["result_difference"]["compared"] == "outputs"
 
 
 def test_the_baseline_output_is_pytorchs_fp32_result(tmp_path):
@@ -137,11 +138,13 @@ def test_inference_changes_are_planned_for_inference_only(tmp_path):
     assert preds["half-weights"]["predicted_saving_ns"] == 9e6 and preds["tf32"]["predicted_saving_ns"] == 4e6
     assert preds["bf16-autocast"]["predicted_saving_ns"] == -1e6  # autocast's casts cost more than it saves
     chosen, left = plan.choose(report, {}, None)  # a training report: no "inference" section
-    assert [c["change"] for c in chosen] == ["tf32", "bf16-autocast"]
+    assert [c["change"] for c in chosen if c["origin"] == "predicted"] == ["tf32", "bf16-autocast"]
     assert [e["change"] for e in left] == ["half-weights"] and "training run" in left[0]["reason"]
     inference = report | {"inference": {"step_mode": "forward"}}
     chosen, left = plan.choose(inference, {}, None)
-    assert [c["change"] for c in chosen] == ["half-weights", "tf32", "bf16-autocast"]
+    assert [c["change"] for c in chosen if c["origin"] == "predicted"] == ["half-weights", "tf32", "bf16-autocast"]
+    # no kernels in this report: only the changes that apply to any model are added
+    assert [c["change"] for c in chosen if c["origin"] == "generic"] == ["compile", "compile-graphs"]
     assert plan.blocked("static-cache", inference, {}).startswith("no generate()")
     assert plan.blocked("static-cache", {"inference": {"step_mode": "generate"}}, {}) is None
 

@@ -37,7 +37,7 @@ from gpudiag.analysis.report.bare_run import apply_bare_run
 from gpudiag.analysis.report.findings import RuleInputs, findings
 from gpudiag.analysis.roofline import peaks
 from gpudiag.analysis.roofline.classify import classify
-from gpudiag.analysis.steps import frames, outliers, step_stats
+from gpudiag.analysis.steps import frames, host_work, outliers, step_stats
 from gpudiag.analysis.steps.launches import launch_counts
 from gpudiag.analysis.steps.serving import apply_requests
 from gpudiag.analysis.steps.timeline import idle_intervals, launch_stats, stream_gaps
@@ -87,7 +87,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     compiled = measured_summary(compiled, t.kernels, attribution, s.measured_ids, status)
     # 5-7. ranks (this process's collectives), fusion and rules: the findings
     found = findings(s.k, s.km, s.detail_step, s.idle, t, s.api_m, steps, s.measured, s.step_ns, device_peaks, ncu,
-                     payloads, RuleInputs(status, dev, compiled))
+                     payloads, RuleInputs(status, dev, compiled, s.stretches_m))
     warnings.extend(sections.capture_warnings(meta, status))
     warnings.extend(sections.few_steps(len(s.st)))
     # 8. report
@@ -115,8 +115,10 @@ class StepFrames:
     its measured steps (``n`` of them, numbers ``measured_ids``, mean step ``step_ns``), ``k`` every
     kernel with its attribution, class and launch delay, ``km`` those of measured steps,
     ``activities`` kernels, copies and memsets with their step, ``idle`` GPU-idle intervals
-    (``idle_m``: in measured steps), ``per_step`` report.json's per-step entries, ``gaps`` the
-    stream gaps, ``detail_step`` (None without one) and ``api_m`` the measured steps' API calls."""
+    (``idle_m``: in measured steps; each split into launch-bound and host-compute time),
+    ``stretches_m`` the measured steps' host-compute stretches (:mod:`~gpudiag.analysis.steps.host_work`),
+    ``per_step`` report.json's per-step entries, ``gaps`` the stream gaps, ``detail_step`` (None
+    without one) and ``api_m`` the measured steps' API calls."""
     st: pd.DataFrame
     measured: pd.DataFrame
     n: int
@@ -131,6 +133,7 @@ class StepFrames:
     gaps: pd.DataFrame
     detail_step: int | None
     api_m: pd.DataFrame
+    stretches_m: pd.DataFrame
 
 
 def _step_frames(t: Tables, steps: Steps, attribution: pd.DataFrame, classes: pd.DataFrame, status: dict | None,
@@ -149,11 +152,13 @@ def _step_frames(t: Tables, steps: Steps, attribution: pd.DataFrame, classes: pd
     k = frames.kernel_frame(t.kernels, attribution, classes, launches)
     km = k[k["step"].isin(measured_ids)]
     idle = step_stats.mark_step_start(step_stats.idle_steps(idle, measured), km)
+    idle, stretches = host_work.split_host_idle(idle, t.runtime_api, t.nvtx)  # launch-bound vs host compute
     idle_m = idle[idle["step"].isin(measured_ids)]
     per_step = step_stats.per_step_entries(st, step_stats.class_ns_per_step(km, activities, measured_ids), idle_m)
     step_ns = float(measured["step_time_ns"].mean()) if n else float("nan")
     return StepFrames(st, measured, n, measured_ids, step_ns, k, km, activities, idle, idle_m, per_step, gaps,
-                      detail_step, frames.measured_api(t.runtime_api, steps, measured_ids))
+                      detail_step, frames.measured_api(t.runtime_api, steps, measured_ids),
+                      stretches[stretches["step"].isin(measured_ids)])
 
 
 def _step_sections(t: Tables, steps: Steps, s: StepFrames, meta: dict, ncu: pd.DataFrame, top: int,
@@ -163,6 +168,7 @@ def _step_sections(t: Tables, steps: Steps, s: StepFrames, meta: dict, ncu: pd.D
     idle, instrumentation, launches, communication)."""
     n, km = s.n, s.km
     breakdown, breakdown_percent = step_stats.breakdown(s.per_step, s.step_ns)
+    split, split_percent = step_stats.overhead_split(s.per_step, s.step_ns)
     incl, modules = tables.modules(km, t.nvtx, n, s.step_ns)
     phases = (km.groupby("phase")["duration_ns"].sum() / n).to_dict() if n else {}
     busy, total = float(s.measured["busy_ns"].sum()), float(s.measured["step_time_ns"].sum())
@@ -173,6 +179,8 @@ def _step_sections(t: Tables, steps: Steps, s: StepFrames, meta: dict, ncu: pd.D
         "outlier_steps": outliers.outlier_report(s.st, s.activities, s.idle, t.runtime_api, steps.table, s.k),
         "breakdown_ns_per_step": breakdown,
         "breakdown_percent": breakdown_percent,
+        "overhead_split_ns_per_step": split,  # the breakdown's overhead = launch-bound + host compute
+        "overhead_split_percent": split_percent,
         "classification": sections.classification(meta, ncu, km),
         "phases_ns_per_step": {p: float(v) for p, v in phases.items()},
         "top_kernels": tables.top_kernels(km, top, n),
@@ -182,7 +190,7 @@ def _step_sections(t: Tables, steps: Steps, s: StepFrames, meta: dict, ncu: pd.D
         "per_step_metrics": step_stats.per_step_metrics(km, s.measured, s.per_step, incl, modules,
                                                         (status or {}).get("peak_memory_bytes_per_step") or {}) if n else [],
         "idle": sections.idle_section(s.idle_m, km, tables.stream_rows(s.gaps, s.k, s.measured_ids, n),
-                                      tables.top_waiting_kernels(s.idle_m, s.k, n), n),
+                                      tables.top_waiting_kernels(s.idle_m, s.k, n), n, s.stretches_m),
         "instrumentation": tables.instrumentation(s.st, s.measured, t.nvtx, s.detail_step, n),
         "launches_per_step": launch_counts(km, s.api_m, n),
         "communication": comm.communication(s.k, s.measured_ids, n, s.step_ns) if n else None,

@@ -204,13 +204,14 @@ def prepare_run_dir(run_dir: Path, force: bool) -> None:
                    "script is then ended (0: run and capture the whole script).")
 @click.option("--run-to-end", is_flag=True, help="After the --steps window, let the script run on (not captured).")
 @click.option("--try", "try_changes", default="auto", show_default=True, metavar="auto|none|CHANGE,...",
-              help="Changes to apply and measure bare after the analysis (trials): auto picks up to three from the "
-                   "recommendations; or a list of compile, compile-graphs, fused-optimizer, channels-last, tf32, "
-                   "bf16-autocast, cudnn-benchmark, kernels, half-weights, static-cache, static-cache-compile, ending "
+              help="Changes to apply and measure bare after the analysis (trials), interleaved with runs of the "
+                   "unchanged script: auto picks up to three from the recommendations, then changes no rule "
+                   "predicted that apply to the run, six in all; or a list of compile, compile-graphs, "
+                   "fused-optimizer, channels-last, tf32, bf16-autocast, cudnn-benchmark, kernels, half-weights, static-cache, static-cache-compile, ending "
                    "optionally with args:ARGS (the script with other "
                    "arguments, compared per sample).")
 @click.option("--try-budget", type=click.FloatRange(min=1), default=300, show_default=True,
-              help="Seconds all trials together may take (the baseline included).")
+              help="Seconds all trials together may take (the baseline runs interleaved with them included).")
 @click.option("--verify", is_flag=True, help="Time the reference kernel of each top fusion candidate at the recorded "
               "shapes on this GPU (eager vs fused vs torch.compile, outputs checked) and show it in the report.")
 @analysis_options
@@ -424,6 +425,10 @@ def _trials(job: Job, status: dict) -> None:
     chosen, left = plan.choose(report, profiled, job.asked_changes)
     for entry in left:
         click.echo(f"[try] not tried: {entry['change']} ({entry['reason']})")
+    generic = [f"{e['change']} ({e['why']})" for e in chosen
+               if e.get("origin") == "generic" and e.get("rule_id") is None]
+    if generic:
+        click.echo(f"[try] also tried, though no rule predicted a saving: {', '.join(generic)}")
     if not chosen:
         click.echo("[try] no recommendation gpudiag can apply itself; --try CHANGE,... picks changes")
         results.attach(report, [], left)

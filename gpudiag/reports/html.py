@@ -168,19 +168,26 @@ def roofline_chart(result: dict) -> str:
 
 
 def trials_chart(result: dict) -> str:
-    """Grouped bars per tried change: predicted vs measured saving per step (ms); empty without
-    measured trials."""
+    """Grouped bars per tried change: predicted vs measured saving per step (ms), the measured one
+    with its 95 % interval as error bars and greyed when inconclusive; empty without measured
+    trials."""
     trials = [t for t in result.get("trials") or [] if t.get("saving_ns") is not None]
     if not trials:
         return ""
     labels = [html.escape(t["change"]) for t in trials]  # plotly renders markup in labels
+    saving = [t["saving_ns"] / 1e6 for t in trials]
+    ci = [t.get("saving_ci_ns") or [t["saving_ns"], t["saving_ns"]] for t in trials]
     fig = go.Figure()
     fig.add_bar(name="predicted", x=labels, y=[(t.get("predicted_saving_ns") or 0) / 1e6 for t in trials],
                 marker_color="#bab0ac")  # pragma: no mutate
-    fig.add_bar(name="measured (trial, bare)", x=labels, y=[t["saving_ns"] / 1e6 for t in trials],
-                marker_color="#4c78a8")  # pragma: no mutate
+    fig.add_bar(name="measured (trial, bare)", x=labels, y=saving,
+                error_y=dict(type="data", symmetric=False, array=[hi / 1e6 - s for (_, hi), s in zip(ci, saving)],
+                             arrayminus=[s - lo / 1e6 for (lo, _), s in zip(ci, saving)]),
+                marker_color=["#4c78a8" if t.get("verdict", "measured") == "measured" else "#d0d0d0"
+                              for t in trials])  # pragma: no mutate
     fig.update_layout(barmode="group", height=320, margin=dict(l=50, r=10, t=30, b=40),  # pragma: no mutate
-                      yaxis_title="saving per step (ms)", title="Predicted vs measured saving of each change")  # pragma: no mutate
+                      yaxis_title="saving per step (ms)",  # pragma: no mutate
+                      title="Predicted vs measured saving of each change (95 % intervals; grey: inconclusive)")  # pragma: no mutate
     return _figure_html(fig)
 
 

@@ -30,6 +30,9 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
     summary.add_row(fmt_ns(steps["step_time_ns"]["median"]), fmt_pct(result["gpu_busy_percent"]),
                     *(fmt_pct(bp.get(c)) for c in classes))
     console.print(summary)
+    line = overhead_split_line(result)
+    if line:
+        console.print(Text(line), highlight=False)
     render_communication(result, console)
     render_outliers(result, console)
     render_bare(result, console)
@@ -49,6 +52,18 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
     render_fusion(result, console)
 
 
+def overhead_split_line(result: dict) -> str | None:
+    """The breakdown's overhead in its two parts: 'overhead 40.9 % = launch-bound 39.1 % + host
+    compute 1.8 % (...)'; None for a report without the split (older reports) or without overhead."""
+    split, bp = result.get("overhead_split_percent") or {}, result.get("breakdown_percent") or {}
+    if not split or not bp.get("overhead"):
+        return None
+    threshold = (result.get("idle") or {}).get("host_compute_threshold_ns")
+    return (f"overhead {fmt_pct(bp['overhead'])} = launch-bound {fmt_pct(split.get('launch_bound'))} (issuing work) "
+            f"+ host compute {fmt_pct(split.get('host_compute'))} (CPU work, no CUDA call"
+            f"{' for over ' + fmt_ns(threshold) if threshold else ''})")
+
+
 def render_recommendations(result: dict, console: Console, title: str = "recommendations (by expected saving per step)") -> None:
     """The top 5 recommendations: rule, what, predicted and measured (trial) saving per step."""
     recs = result.get("recommendations") or []
@@ -59,8 +74,9 @@ def render_recommendations(result: dict, console: Console, title: str = "recomme
         table.add_column("predicted/step", justify="right")
         table.add_column("measured (trial)", justify="right")
         for rec in recs[:5]:
-            table.add_row(Text(rec["rule_id"]), Text(rec["title"]), saving_text(rec),
-                          trial_saving_text(rec, result.get("trials") is not None))
+            predicted = "not predicted" if rec.get("predicted") is False else saving_text(rec)
+            table.add_row(Text(rec["rule_id"]), Text(rec["title"]), predicted,
+                          Text(trial_saving_text(rec, result.get("trials") is not None)))
         console.print(table)
         pairs = overlap_pairs(recs[:5])
         if pairs:
@@ -68,32 +84,77 @@ def render_recommendations(result: dict, console: Console, title: str = "recomme
 
 
 def trial_saving_text(rec: dict, trials_ran: bool) -> str:
-    """A recommendation's measured saving, its trial's change and status; "not tried", or "not
+    """A recommendation's measured saving and its trial's change when conclusive; "inconclusive"
+    with the trial's estimate and 95 % interval; the trial's failure; "not tried", or "not
     measured" for a report without trials (an export made without gpudiag profile)."""
-    if rec.get("measured_saving_ns") is None:
-        return "not tried" if trials_ran else "not measured"
-    flag = ", changes results" if rec.get("trial_status") == "changes results" else ""
-    return f"{fmt_ns(rec['measured_saving_ns'])} ({rec['trial_change']}{flag})"
+    status = rec.get("trial_status")
+    if rec.get("measured_saving_ns") is not None:
+        flag = ", changes results" if rec.get("trial_changes_results") or status == "changes results" else ""
+        return f"{fmt_ns(rec['measured_saving_ns'])} ({rec['trial_change']}{flag})"
+    if status == "inconclusive":
+        return f"inconclusive ({rec['trial_change']}: {fmt_ns(rec.get('trial_saving_ns'))}{interval_text(rec.get('trial_saving_ci_ns'))})"
+    if status:
+        return f"{status} ({rec['trial_change']})"
+    return "not tried" if trials_ran else "not measured"
+
+
+def interval_text(interval) -> str:
+    """', 95 % CI −1.20 ms … 3.40 ms' for a [low, high] interval in ns; '' without one."""
+    if not interval:
+        return ""
+    return f", 95 % CI {fmt_ns(interval[0])} … {fmt_ns(interval[1])}"
+
+
+def cost_text(trial: dict, unit: str) -> str:
+    """A trial's one-time cost and the steps (or requests) that repay it: '41.2 s, repaid in 820
+    steps'; '–' without a cost."""
+    cost = trial.get("one_time_cost_s")
+    if cost is None:
+        return "–"
+    payback = trial.get("payback_steps")
+    return f"{cost:.1f} s" + (f", repaid in {payback:.0f} {unit}" if payback is not None else "")
+
+
+def trial_reason_text(trial: dict) -> str | None:
+    """Why a trial is inconclusive or failed, and with which baselines it was compared when none
+    ran after it; None when there is nothing to say."""
+    parts = [p for p in (trial.get("verdict_reason") or trial.get("error"),) if p]
+    if trial.get("baseline_after") is False:
+        parts.append(f"compared with {trial.get('compared_with')}")
+    return "; ".join(parts) or None
 
 
 def render_trials(result: dict, console: Console | None = None) -> None:
-    """The trials: change, status, baseline and trial step times, measured vs predicted saving."""
+    """The trials: change, status and why, baseline and trial step times, the saving with its 95 %
+    interval and p-value, the one-time cost and its payback, the predicted saving; then the note
+    on the baseline runs and the recommendations ranked by conclusive measured savings."""
     console = console or Console()
     trials = result.get("trials") or []
     if not trials:
         return
+    unit = "requests" if result.get("inference") else "steps"
     table = Table(title="trials: changes applied to the script and measured bare", header_style="bold")
-    for col in ("change", "status", "baseline", "with it", "saving", "predicted"):
-        table.add_column(col, justify="left" if col in ("change", "status") else "right")
+    for col in ("change", "status", "baseline", "with it", "saving", "95 % CI", "p", "one-time cost", "predicted"):
+        table.add_column(col, justify="left" if col in ("change", "status") else "right", overflow="fold")
     for t in trials:
-        status = t["status"] + (" (time per sample)" if t.get("per") == "sample" else "") + (
-            " (within run-to-run spread)" if t.get("within_spread") else "") + (
-            f": {t['error']}" if t.get("error") else "")
         saving = "–" if t.get("saving_ns") is None else f"{fmt_ns(t['saving_ns'])} ({fmt_pct(t['saving_percent'])})"
+        ci = t.get("saving_ci_ns")
+        interval = f"{fmt_ns(ci[0])} … {fmt_ns(ci[1])}" if ci else "–"
+        predicted = fmt_ns(t.get("predicted_saving_ns")) if t.get("predicted_saving_ns") is not None else "not predicted"
+        p_value = "–" if t.get("p_value") is None else f"{t['p_value']:.2g}"
+        status = t["status"] + (" (time per sample)" if t.get("per") == "sample" else "")
         table.add_row(Text(t["change"]), Text(status), fmt_ns(t.get("baseline_step_ns")),
-                      fmt_ns(t.get("trial_step_ns")), saving, fmt_ns(t.get("predicted_saving_ns")))
+                      fmt_ns(t.get("trial_step_ns")), saving, interval, p_value, cost_text(t, unit), predicted)
     console.print(table)
-    render_recommendations(result, console, "recommendations (by measured saving where a trial ran, else predicted)")
+    for t in trials:
+        reason = trial_reason_text(t)
+        if reason:
+            console.print(Text(f"{t['change']} {t['status']}: {reason}"), highlight=False)
+    note = next((t["baseline_note"] for t in trials if t.get("baseline_note")), None)
+    if note:
+        console.print(Text(f"baselines: {note}"), highlight=False)
+    render_recommendations(result, console, "recommendations (by conclusive measured saving where a trial ran, "
+                                            "else predicted)")
 
 
 def render_communication(result: dict, console: Console) -> None:

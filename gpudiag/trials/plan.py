@@ -24,7 +24,24 @@ RULE_CHANGES = {
 # module table names them (module_class).
 KERNEL_MODELS = ("Llama", "Mistral", "Qwen2", "GPT2", "Bert", "SwinTransformer")
 
-DEFAULT_COUNT = 3
+DEFAULT_COUNT = 3  # changes a rule predicted, largest predicted saving first
+# Trials in all with ``--try auto``: after the predicted ones, changes no rule ranked that apply to
+# what the run does (:func:`generic_changes`), so that a win no rule predicts is found. Six runs of
+# changes and seven of the baseline take about the default --try-budget on a script whose runs
+# take 20 s (gpudiag's choice).
+TOTAL_COUNT = 6
+# The generic changes in the order they are tried: the cheapest to run and most often large first
+# (TF32 and bf16 speed fp32 GEMMs several-fold on tensor cores; compile fuses elementwise work),
+# then the narrower ones (gpudiag's order).
+GENERIC_ORDER = ("tf32", "compile", "bf16-autocast", "half-weights", "compile-graphs", "fused-optimizer",
+                 "cudnn-benchmark", "channels-last", "static-cache")
+# Share of the step in fp32 GEMMs/convolutions (or in convolutions) from which tf32, bf16 and half
+# weights (or channels-last, cudnn-benchmark) are worth a trial: a change cannot save more than the
+# time it acts on, and a saving under 5 % of the step is below the run-to-run spread of most
+# scripts (runs of the unchanged script: 0.1 % apart on the GNN, docs/trials_proof.md, 62 % on a
+# host-bound server, docs/inference.md). gpudiag's choice.
+MIN_SHARE = 0.05
+CONTRACTIONS = ("gemm", "conv")
 
 
 def parse_try(value: str) -> list[str] | None:
@@ -90,23 +107,81 @@ def predictions(report: dict) -> dict[str, dict]:
     return out
 
 
-def choose(report: dict, status: dict, asked: list[str] | None, count: int = DEFAULT_COUNT) -> tuple[list[dict], list[dict]]:
+def _step_ns(report: dict) -> float:
+    return float((((report.get("steps") or {}).get("step_time_ns") or {}).get("median")) or 0.0)
+
+
+def fp32_contraction_ns(report: dict) -> float:
+    """GPU time per step (ns) of the top kernels that are GEMMs or convolutions on the fp32 path:
+    the math path of the kernel's roofline point, else the one its name says
+    (:func:`gpudiag.analysis.roofline.kernel_precision.math_path_from_name`)."""
+    from gpudiag.analysis.roofline.kernel_precision import math_path_from_name
+
+    paths = {p.get("name"): p.get("math_path") for p in report.get("roofline_points") or [] if isinstance(p, dict)}
+    total = 0.0
+    for kernel in report.get("top_kernels") or []:
+        if kernel.get("family") in CONTRACTIONS:
+            path = paths.get(kernel.get("name")) or math_path_from_name(kernel.get("name", ""))
+            total += float(kernel.get("time_ns_per_step") or 0.0) if path == "fp32" else 0.0
+    return total
+
+
+def generic_changes(report: dict) -> list[tuple[str, str]]:
+    """(change, why it applies) for the changes worth a trial whatever the rules found, in
+    :data:`GENERIC_ORDER`: compile and compile-graphs always; tf32 where fp32 GEMMs/convolutions
+    take at least :data:`MIN_SHARE` of the step, with bf16-autocast (training) or half-weights
+    (inference); fused-optimizer where an ``optimizer.step()`` ran; channels-last and
+    cudnn-benchmark where convolutions take that share; static-cache where steps are generate()
+    calls. Whether each is blocked for this script is :func:`blocked`'s to say."""
+    step = _step_ns(report)
+    fp32 = fp32_contraction_ns(report)
+    conv = float((report.get("families_ns_per_step") or {}).get("conv") or 0.0)
+    inference = bool(report.get("inference"))
+    why = {"compile": "applies to any model", "compile-graphs": "applies to any model"}
+    if step and fp32 >= MIN_SHARE * step:
+        share = f"fp32 GEMMs/convolutions take {100 * fp32 / step:.0f} % of the step"
+        why.update({"tf32": share, ("half-weights" if inference else "bf16-autocast"): share})
+    if "optimizer" in (report.get("phases_ns_per_step") or {}) and not inference:
+        why["fused-optimizer"] = "the step runs optimizer.step()"
+    if step and conv >= MIN_SHARE * step:
+        share = f"convolutions take {100 * conv / step:.0f} % of the step"
+        why.update({"channels-last": share, "cudnn-benchmark": share})
+    if (report.get("inference") or {}).get("step_mode") == "generate":
+        why["static-cache"] = "the steps are generate() calls"
+    return [(c, why[c]) for c in GENERIC_ORDER if c in why]
+
+
+def choose(report: dict, status: dict, asked: list[str] | None, count: int = DEFAULT_COUNT,
+           total: int = TOTAL_COUNT) -> tuple[list[dict], list[dict]]:
     """(to try, left out). ``asked``: the user's ``--try`` list (tried in that order, none
-    blocked), or None: the ``count`` applicable changes with the largest predicted savings.
-    Each entry: change, predicted_saving_ns (None when no rule predicted one), rule_id; left-out
-    entries also have ``reason``."""
+    blocked, origin "asked"), or None: the ``count`` applicable changes with the largest predicted
+    savings (origin "predicted"), then generic ones (:func:`generic_changes`, origin "generic")
+    up to ``total`` in all. Each entry: change, predicted_saving_ns (None when no rule predicted
+    one), rule_id (None likewise), origin; generic entries also ``why``; left-out entries
+    ``reason``. A blocked generic change is not listed: nothing suggested it."""
     predicted = predictions(report)
     if asked is not None:
-        return [{"change": c, **predicted.get(c, {"predicted_saving_ns": None, "rule_id": None})} for c in asked], []
+        return [{"change": c, **predicted.get(c, {"predicted_saving_ns": None, "rule_id": None}), "origin": "asked"}
+                for c in asked], []
     ranked = sorted(predicted.items(), key=lambda kv: -kv[1]["predicted_saving_ns"])
     chosen, left = [], []
     for change, info in ranked:
         reason = blocked(change, report, status)
-        entry = {"change": change, **info}
+        entry = {"change": change, **info, "origin": "predicted"}
         if reason:
             left.append(entry | {"reason": reason})
         elif len(chosen) < count:
             chosen.append(entry)
         else:
-            left.append(entry | {"reason": f"beyond the top {count} (--try picks changes)"})
+            left.append(entry | {"reason": f"beyond the top {count} predicted (--try picks changes)"})
+    for change, why in generic_changes(report):
+        if any(e["change"] == change for e in chosen) or blocked(change, report, status):
+            continue
+        entry = {"change": change, **predicted.get(change, {"predicted_saving_ns": None, "rule_id": None}),
+                 "origin": "generic", "why": why}
+        left = [e for e in left if e["change"] != change]
+        if len(chosen) < total:
+            chosen.append(entry)
+        else:
+            left.append(entry | {"reason": f"beyond the {total} trials in all (--try picks changes)"})
     return chosen, left

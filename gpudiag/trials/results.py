@@ -1,8 +1,11 @@
-"""A trial's result, from the launcher statuses of the baseline bare run and of the trial run.
+"""A trial's result, from the launcher statuses of the baseline runs (the unchanged script) and of
+the trial runs (the script with the change).
 
-Step time of a run: the median of its measured steps (after its own warm-up) timed by CUDA events
-at the step boundaries (``step_gpu_ns``), else host wall-clock time (``step_wall_ns``), as the
-bare run's representativeness check times them (METHOD.md: CUDA events after warm-up, median).
+Step times of a run: its measured steps (after its own warm-up) timed by CUDA events at the step
+boundaries (``step_gpu_ns``), else host wall-clock time (``step_wall_ns``), as the bare run's
+representativeness check times them (METHOD.md: CUDA events after warm-up, median). The steps of
+every baseline run and of every trial run are compared by :mod:`gpudiag.trials.stats` (median
+difference, bootstrap interval, Mann–Whitney p-value, the baselines' spread).
 
 Result check: the value ``backward()`` was called on (the loss) at the first step after step 0
 that both runs recorded; for inference (no loss), a sample of the outermost forward's first
@@ -68,13 +71,6 @@ def math_path(autocast_dtype: str | None, change: str) -> str:
     return path
 
 
-def _per_sample(baseline: dict, trial: dict, base_ns: float, trial_ns: float) -> tuple[float, float] | None:
-    """(baseline, trial) time per sample in ns, from each run's ``samples_per_step``; None when
-    either run has none."""
-    a, b = baseline.get("samples_per_step"), trial.get("samples_per_step")
-    return (base_ns / a, trial_ns / b) if a and b else None
-
-
 def loss_difference(baseline: dict, trial: dict) -> dict | None:
     """{"step", "baseline", "trial", "relative"} at the first step ≥ 1 both runs recorded a loss
     for (step 0 when that is all they share); None when they share none."""
@@ -122,105 +118,144 @@ def _fail(entry: dict, status: str, error: str) -> dict:
     return entry | {"status": status, "error": error}
 
 
-def trial_result(entry: dict, baseline: dict, trial: dict, code: int | None, elapsed_s: float,
-                 timed_out: bool = False, comparable: bool | None = True, autocast_dtype: str | None = None) -> dict:
-    """The report's record of one trial. ``entry``: change, predicted_saving_ns, rule_id (from
-    :func:`gpudiag.trials.plan.choose`); ``baseline`` / ``trial``: launcher statuses; ``code``:
-    the trial's exit code; ``comparable``: :func:`deterministic` of the script; ``autocast_dtype``:
-    the script's autocast, from the profiled run's status.
+def _runs(value: dict | list[dict]) -> list[dict]:
+    """One status or several (the runs of one side of a trial) as a list."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
-    Fields: change, status ("measured", "changes results", "not applicable", "failed", "over
-    budget"), baseline_step_ns, trial_step_ns (medians, ns), saving_ns, saving_percent (of the
-    baseline bare step), predicted_saving_ns, steps, warmup_s, result_difference, error, form,
-    applied, method, elapsed_s; for an ``args:`` trial ``per`` = "sample": the step fields are
-    then ns per sample (step time / samples per step of each run)."""
-    applied = trial.get("trial") or {}
-    out = {"change": entry["change"], "rule_id": entry.get("rule_id"),
-           "predicted_saving_ns": entry.get("predicted_saving_ns"), "baseline_step_ns": None,
-           "trial_step_ns": None, "saving_ns": None, "saving_percent": None, "steps": 0, "warmup_s": None,
-           "result_difference": None, "error": None, "form": applied.get("form"),
-           "applied": applied.get("applied") or [], "method": None, "elapsed_s": round(elapsed_s, 1)}
-    base_times, method = step_times(baseline)
-    times, trial_method = step_times(trial)
+
+def _step_runs(statuses: list[dict], per_sample: bool) -> tuple[list[list[float]], str | None]:
+    """(each run's measured step times in ns, the one method they were timed by), runs without
+    steps left out; per sample (step time ÷ the run's ``samples_per_step``) when ``per_sample``,
+    leaving out runs that do not say it. The method is None when the runs mix methods."""
+    runs, methods = [], set()
+    for status in statuses:
+        times, method = step_times(status)
+        per = status.get("samples_per_step") if per_sample else 1
+        if times and per:
+            runs.append([t / per for t in times])
+            methods.add(method)
+    return runs, (methods.pop() if len(methods) == 1 else None)
+
+
+def _warmup_s(status: dict) -> float | None:
+    """Seconds from the process's start to its first measured step (start-up and warm-up steps)."""
+    start, window = status.get("started_unix_s"), status.get("window_start_unix_s")
+    return window - start if start and window else None
+
+
+def one_time_cost(baselines: list[dict], trial: dict, saving_ns: float | None) -> float | None:
+    """A change's one-time cost in seconds (compilation, CUDA graph capture, cuDNN autotuning):
+    the trial's time to its first measured step minus the baselines' (their median), plus the
+    warm-up steps' share of the saving, since the trial's warm-up steps already ran faster by
+    about the saving each: cost = Δ(time to window) + warm-up steps × saving. None when either
+    side has no timestamps."""
+    own = _warmup_s(trial)
+    base = [w for w in (_warmup_s(b) for b in baselines) if w is not None]
+    if own is None or not base:
+        return None
+    steps = int(trial.get("warmup_steps") or 0)
+    return own - statistics.median(base) + steps * (saving_ns or 0.0) / 1e9
+
+
+def _timing(out: dict, baselines: list[dict], trials: list[dict], per_sample: bool) -> str | None:
+    """Fills the timing fields of ``out`` from the runs (:func:`gpudiag.trials.stats.compare`);
+    returns why it could not (None when it did)."""
+    from gpudiag.trials import stats
+
+    base_runs, method = _step_runs(baselines, per_sample)
+    trial_runs, trial_method = _step_runs(trials, per_sample)
+    if per_sample and (not base_runs or not trial_runs):
+        return "samples per step unknown (call gpudiag.step(samples=N) in the script)"
+    if not base_runs or not trial_runs or method != trial_method:
+        return "no measured steps to compare (the script ended before the window's steps)"
+    base, value = stats.pooled_median(base_runs), stats.pooled_median(trial_runs)
+    out.update(stats.compare(base_runs, trial_runs), baseline_step_ns=base, trial_step_ns=value,
+               saving_percent=100.0 * (base - value) / base, steps=sum(map(len, trial_runs)),
+               baseline_steps=sum(map(len, base_runs)), method=method)
+    if per_sample:
+        out["per"] = "sample"
+    return None
+
+
+def _check_results(out: dict, baseline: dict, trial: dict, change: str, comparable: bool | None,
+                   autocast_dtype: str | None) -> str:
+    """Compares the trial's loss (or output sample) with the baseline's; sets
+    ``result_difference`` and returns "changes results" or "ok"."""
+    if change.startswith("args:"):  # other arguments (a larger batch) compute another loss
+        return "ok"
+    diff = loss_difference(baseline, trial) or output_difference(baseline, trial)
+    if diff is None:
+        return "ok"
+    tolerance = TOLERANCE[math_path(autocast_dtype, change)]
+    diff["tolerance"] = tolerance
+    out["result_difference"] = diff
+    if comparable is False:
+        diff["note"] = (f"the script's {'outputs differ' if diff.get('compared') == 'outputs' else 'loss differs'} "
+                        "between two plain runs (unseeded?): not checked")
+        return "ok"
+    return "changes results" if diff["relative"] > tolerance else "ok"
+
+
+def _empty(entry: dict, applied: dict, elapsed_s: float) -> dict:
+    """A trial record with no measurement yet."""
+    return {"change": entry["change"], "rule_id": entry.get("rule_id"), "origin": entry.get("origin"),
+            "predicted_saving_ns": entry.get("predicted_saving_ns"), "baseline_step_ns": None,
+            "trial_step_ns": None, "saving_ns": None, "saving_percent": None, "saving_ci_ns": None,
+            "p_value": None, "verdict": None, "verdict_reason": None, "baseline_runs_ns": [], "trial_runs_ns": [],
+            "baseline_spread_ns": None, "baseline_spread_percent": None, "steps": 0, "baseline_steps": 0,
+            "warmup_s": None, "one_time_cost_s": None, "payback_steps": None, "result_difference": None,
+            "error": None, "form": applied.get("form"), "applied": applied.get("applied") or [], "method": None,
+            "elapsed_s": round(elapsed_s, 1)}
+
+
+def trial_result(entry: dict, baseline: dict | list[dict], trial: dict | list[dict], code: int | None,
+                 elapsed_s: float, timed_out: bool = False, comparable: bool | None = True,
+                 autocast_dtype: str | None = None) -> dict:
+    """The report's record of one trial. ``entry``: change, predicted_saving_ns, rule_id, origin
+    (from :func:`gpudiag.trials.plan.choose`); ``baseline`` / ``trial``: the launcher statuses of
+    the unchanged script's runs and of the changed one's (one status or a list); ``code``: the
+    (last) trial run's exit code; ``comparable``: whether two plain runs of the script compute the
+    same loss (:func:`deterministic`); ``autocast_dtype``: the script's autocast, from the
+    profiled run's status.
+
+    Fields: change, rule_id, origin, status ("measured", "inconclusive", "changes results", "not
+    applicable", "failed", "over budget"), the timing of :func:`gpudiag.trials.stats.compare`
+    (saving_ns, saving_ci_ns, p_value, verdict, verdict_reason, baseline_runs_ns, trial_runs_ns,
+    baseline_spread_ns / _percent), baseline_step_ns and trial_step_ns (pooled medians, ns),
+    saving_percent (of the baseline step), predicted_saving_ns, steps / baseline_steps (measured
+    steps pooled), warmup_s (the first trial run's start-up and warm-up), one_time_cost_s
+    (:func:`one_time_cost`), payback_steps (:func:`gpudiag.trials.stats.payback`),
+    result_difference, error, form, applied, method, elapsed_s; for an ``args:`` trial ``per`` =
+    "sample": the step fields are then ns per sample, and there is no one-time cost."""
+    from gpudiag.trials import stats
+
+    baselines, trials = _runs(baseline), _runs(trial)
+    first = trials[0]
+    applied = first.get("trial") or {}
+    out = _empty(entry, applied, elapsed_s)
+    exception = next((t["exception"] for t in trials if t.get("exception")), None)
     if timed_out:
         return _fail(out, "over budget", f"stopped after {elapsed_s:.0f} s, past the --try-budget")
-    if trial.get("exception") or (code not in (0, None) and not times):
-        return _fail(out, "failed", (trial.get("exception") or f"exit code {code}").splitlines()[0][:300])
+    if exception or (code not in (0, None) and not any(step_times(t)[0] for t in trials)):
+        return _fail(out, "failed", (exception or f"exit code {code}").splitlines()[0][:300])
     if applied.get("not_applicable") and not applied.get("applied"):
         return _fail(out, "not applicable", applied["not_applicable"])
-    if not base_times or not times or method != trial_method:
-        return _fail(out, "failed", "no measured steps to compare (the script ended before the window's steps)")
-    base, value = statistics.median(base_times), statistics.median(times)
-    if entry["change"].startswith("args:"):  # other arguments: compared per sample, not per step
-        per_sample = _per_sample(baseline, trial, base, value)
-        if per_sample is None:
-            return _fail(out, "failed", "samples per step unknown (call gpudiag.step(samples=N) in the script)")
-        base, value = per_sample
-        out["per"] = "sample"
-    out.update(baseline_step_ns=base, trial_step_ns=value, saving_ns=base - value,
-               saving_percent=100.0 * (base - value) / base, steps=len(times), method=method)
-    if trial.get("window_start_unix_s") and trial.get("started_unix_s"):
-        out["warmup_s"] = round(trial["window_start_unix_s"] - trial["started_unix_s"], 1)
-    # other arguments (a larger batch) compute another loss: nothing to compare
-    diff = None if entry["change"].startswith("args:") else (loss_difference(baseline, trial)
-                                                              or output_difference(baseline, trial))
-    status = "measured"
-    if diff is not None:
-        tolerance = TOLERANCE[math_path(autocast_dtype, entry["change"])]
-        diff["tolerance"] = tolerance
-        out["result_difference"] = diff
-        if comparable is False:
-            diff["note"] = (f"the script's {'outputs differ' if diff.get('compared') == 'outputs' else 'loss differs'} "
-                            "between two plain runs (unseeded?): not checked")
-        elif diff["relative"] > tolerance:
-            status = "changes results"
-    return out | {"status": status}
+    per_sample = entry["change"].startswith("args:")
+    error = _timing(out, baselines, trials, per_sample)
+    if error:
+        return _fail(out, "failed", error)
+    out["warmup_s"] = None if _warmup_s(first) is None else round(_warmup_s(first), 1)
+    if not per_sample:
+        out["one_time_cost_s"] = one_time_cost(baselines, first, out["saving_ns"])
+        out["payback_steps"] = stats.payback(out["one_time_cost_s"], out["saving_ns"], out["verdict"])
+    checked = _check_results(out, baselines[0], first, entry["change"], comparable, autocast_dtype)
+    return out | {"status": "changes results" if checked == "changes results" else out["verdict"]}
 
 
 def attach(report: dict, trials: list[dict], left_out: list[dict]) -> dict:
-    """Adds ``trials`` (and ``trials_left_out``) to ``report`` and, on each recommendation a trial
-    measured, ``measured_saving_ns`` / ``measured_saving_percent`` / ``trial_change`` / ``trial_status``
-    (the best measured change of that rule). Recommendations are then ranked by measured saving
-    where one exists, else by predicted saving. Returns ``report``."""
-    report["trials"] = trials
-    report["trials_left_out"] = left_out
-    by_rule: dict[str, dict] = {}
-    from gpudiag.trials.plan import RULE_CHANGES
+    """The trials added to ``report`` and the recommendations ranked by them:
+    :func:`gpudiag.trials.ranking.attach` (kept here: ``gpudiag report`` re-attaches a run's
+    trials through this name). Returns ``report``."""
+    from gpudiag.trials.ranking import attach as attach_trials
 
-    for trial in trials:
-        if trial.get("saving_ns") is None:
-            continue
-        for rule, changes in RULE_CHANGES.items():
-            best = by_rule.get(rule)
-            if trial["change"] in changes and (best is None or trial["saving_ns"] > best["saving_ns"]):
-                by_rule[rule] = trial
-    for rec in report.get("recommendations") or []:
-        trial = by_rule.get(rec.get("rule_id"))
-        if trial is not None:
-            rec.update(measured_saving_ns=trial["saving_ns"], measured_saving_percent=trial["saving_percent"],
-                       trial_change=trial["change"], trial_status=trial["status"])
-        if rec.get("rule_id") == "GD-OVERHEAD-BOUND":
-            rec["how_to_fix"] = (rec.get("how_to_fix") or "") + graph_form_note(rec, trials)
-    recs = report.get("recommendations") or []
-    recs.sort(key=lambda r: -(r["measured_saving_ns"] if r.get("measured_saving_ns") is not None
-                              else float(r.get("saving_ns_per_step") or 0.0)))
-    return report
-
-
-def graph_form_note(rec: dict, trials: list[dict]) -> str:
-    """What the overhead-bound advice adds once the compile-graphs trial ran: whether
-    reduce-overhead on the root modules reached the predicted saving, and if not, the form that
-    can (measured by hand in issue 21 on an LSTM step: reduce-overhead +3 %, one torch.cuda.graph
-    of the whole step with the optimizer -58 %)."""
-    trial = next((t for t in trials if t["change"] == "compile-graphs" and t.get("saving_ns") is not None), None)
-    predicted = float(rec.get("saving_ns_per_step") or 0.0)
-    if trial is None or not predicted:
-        return ""
-    if trial["saving_ns"] >= 0.5 * predicted:
-        return (f" Measured: `torch.compile(mode=\"reduce-overhead\")` of the model saved "
-                f"{trial['saving_ns'] / 1e6:.2f} ms/step of the {predicted / 1e6:.2f} ms predicted.")
-    return (f" Measured: `torch.compile(mode=\"reduce-overhead\")` of the model saved only "
-            f"{trial['saving_ns'] / 1e6:.2f} ms/step of the {predicted / 1e6:.2f} ms predicted: the launches left are "
-            "outside the model (loss, backward bookkeeping, optimizer). The form that removes them is one CUDA graph of "
-            "the whole step: capture forward, backward and `optimizer.step()` (with `capturable=True`) in "
-            "`torch.cuda.graph` on static inputs and replay it each step; this needs the training loop edited.")
+    return attach_trials(report, trials, left_out)

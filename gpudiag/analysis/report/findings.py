@@ -25,10 +25,12 @@ from gpudiag.analysis.steps.representative import compare_bare
 
 
 class RuleInputs(NamedTuple):
-    """What :func:`rule_context` reads besides the fusion candidates and the measured steps."""
+    """What :func:`rule_context` reads besides the fusion candidates and the measured steps, and the
+    measured steps' host-compute stretches (:mod:`gpudiag.analysis.steps.host_work`)."""
     status: dict | None
     dev: pd.Series
     compiled: dict
+    host_stretches: pd.DataFrame | None = None
 
 
 def findings(k: pd.DataFrame, km: pd.DataFrame, detail_step: int | None, idle: pd.DataFrame, t: Tables,
@@ -47,7 +49,9 @@ def findings(k: pd.DataFrame, km: pd.DataFrame, detail_step: int | None, idle: p
         km, detail, idle, t.runtime_api, api_m, t.memcpy, steps, measured_ids, n, step_ns, device_peaks, ncu,
         rule_context(rule_inputs.status, rule_inputs.dev, rule_inputs.compiled, all_candidates, measured_ids)
         | {"phase_host_ns": host_floor.phase_ranges_ns(t.nvtx, steps.table, measured_ids),
-           "outside_modules": host_floor.outside_modules(t.nvtx, steps.table, measured_ids)}) if n else ([], [])
+           "outside_modules": host_floor.outside_modules(t.nvtx, steps.table, measured_ids),
+           "host_stretches": rule_inputs.host_stretches if rule_inputs.host_stretches is not None else pd.DataFrame()}
+    ) if n else ([], [])
     host_ns = host_floor.host_ns_per_step(api_m) if n else None  # the step cannot get shorter than this
     host_floor.bound_by_host(recommendations, float(measured["step_time_ns"].median()) if n else 0.0, host_ns)
     candidates = all_candidates[:10]

@@ -53,6 +53,35 @@ def breakdown_sums_to_100(report: dict) -> list[str]:
     return [f"{k} share is {v} %" for k, v in shares.items() if _finite(v) and v < -SHARE_TOLERANCE_POINTS]
 
 
+def overhead_split_adds_up(report: dict) -> list[str]:
+    """Launch-bound + host-compute idle = host-bound (overhead) idle (:mod:`gpudiag.analysis.steps.host_work`):
+    per measured step, per step in ``idle``, and the breakdown's overhead = its two parts
+    (``overhead_split_ns_per_step``), each part ≥ 0; within 1 ns or 1e-9 of the total. Reports
+    written before the split are not checked."""
+    out = []
+
+    def check(where: str, total, parts: list) -> None:
+        if not _finite(total) or not all(_finite(p) for p in parts):
+            return
+        if any(p < -1e-6 for p in parts):
+            out.append(f"{where}: a negative part ({', '.join(f'{p:.0f}' for p in parts)} ns)")
+        elif abs(sum(parts) - total) > max(1.0, 1e-9 * abs(total)):
+            out.append(f"{where}: {' + '.join(f'{p:.0f}' for p in parts)} ns, not {total:.0f} ns")
+
+    idle = report.get("idle") or {}
+    if "host_compute_idle_ns_per_step" in idle:
+        check("idle per step", idle.get("host_bound_idle_ns_per_step"),
+              [idle.get("launch_bound_idle_ns_per_step"), idle["host_compute_idle_ns_per_step"]])
+    for s in (report.get("steps") or {}).get("per_step") or []:
+        if s.get("measured") and "host_compute_idle_ns" in s:
+            check(f"step {s['step']}", s.get("host_bound_idle_ns"), [s.get("launch_bound_idle_ns"), s["host_compute_idle_ns"]])
+    split = report.get("overhead_split_ns_per_step") or {}
+    if split:
+        check("the breakdown's overhead", (report.get("breakdown_ns_per_step") or {}).get("overhead_ns"),
+              [split.get("launch_bound_ns"), split.get("host_compute_ns")])
+    return out
+
+
 def savings_within_the_step(report: dict) -> list[str]:
     """No saving exceeds the step it is a share of: recommendations (percent ≤ 100) and fusion
     candidates (≤ the mean step)."""
@@ -87,14 +116,19 @@ def additive_savings_within_the_step(report: dict) -> list[str]:
 
 def steady_state_excludes_outliers(report: dict) -> list[str]:
     """The steady state (``measured`` steps) holds no step over the outlier threshold (factor ×
-    the median of the measured and outlier steps), every outlier step is over it, and the counts
+    the median of the measured and outlier steps) unless such steps are more than ``max_share`` of
+    them (recurrent: none is an outlier), every outlier step is over it, and the counts
     agree (:mod:`gpudiag.analysis.steps.outliers`). Reports without ``outlier_steps`` are not checked."""
     found = report.get("outlier_steps")
     per_step = (report.get("steps") or {}).get("per_step") or []
     if not found or found.get("threshold_ns") is None:
         return []
-    out = [f"steady-state step {s['step']} lasts {s['step_time_ns']} ns, over the {found['threshold_ns']:.0f} ns threshold"
-           for s in per_step if s.get("measured") and s["step_time_ns"] > found["threshold_ns"]]
+    over = [s for s in per_step if s.get("measured") and s["step_time_ns"] > found["threshold_ns"]]
+    share = found.get("max_share")  # slow steps over this share of the measured ones are the steady state's own
+    recurrent = share is not None and not found["count"] and len(over) > share * sum(1 for s in per_step
+                                                                                     if s.get("measured"))
+    out = [] if recurrent else [f"steady-state step {s['step']} lasts {s['step_time_ns']} ns, over the "
+                                f"{found['threshold_ns']:.0f} ns threshold" for s in over]
     out += [f"outlier step {s['step']} lasts {s['step_time_ns']} ns, under the {found['threshold_ns']:.0f} ns threshold"
             for s in per_step if s.get("outlier") and not s["step_time_ns"] > found["threshold_ns"]]
     flagged = sum(1 for s in per_step if s.get("outlier"))
@@ -103,8 +137,8 @@ def steady_state_excludes_outliers(report: dict) -> list[str]:
     return out
 
 
-INVARIANTS = (gpu_busy_within_0_100, step_times_positive, breakdown_sums_to_100, savings_within_the_step,
-              additive_savings_within_the_step, steady_state_excludes_outliers)
+INVARIANTS = (gpu_busy_within_0_100, step_times_positive, breakdown_sums_to_100, overhead_split_adds_up,
+              savings_within_the_step, additive_savings_within_the_step, steady_state_excludes_outliers)
 
 
 def same_steps(reports: dict[str, dict]) -> list[str]:

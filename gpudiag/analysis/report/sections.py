@@ -9,7 +9,7 @@ import pandas as pd
 from gpudiag import __version__
 from gpudiag.analysis.attribution.ranges import Steps
 from gpudiag.analysis.report import tables
-from gpudiag.analysis.steps import outliers, step_stats
+from gpudiag.analysis.steps import host_work, outliers, step_stats
 from gpudiag.sources import row_checks
 
 
@@ -90,11 +90,14 @@ def kernel_tables(km: pd.DataFrame, n: int) -> dict:
             "families_ns_per_step": {f: float(v) / n for f, v in km.groupby("family")["duration_ns"].sum().items()} if n else {}}
 
 
-def idle_section(idle_m: pd.DataFrame, km: pd.DataFrame, stream_rows: list[dict], top_waits: list[dict], n: int) -> dict:
-    """report.json's ``idle``: host-bound and other GPU-idle time per measured step (ns), stream
+def idle_section(idle_m: pd.DataFrame, km: pd.DataFrame, stream_rows: list[dict], top_waits: list[dict], n: int,
+                 stretches_m: pd.DataFrame | None = None) -> dict:
+    """report.json's ``idle``: host-bound and other GPU-idle time per measured step (ns), the
+    host-bound part split into launch-bound and host compute (:func:`host_compute_fields`), stream
     gaps, short kernels, the median queue delay and the kernels waited for."""
     return {
         "host_bound_idle_ns_per_step": step_stats.per_step(idle_m.loc[idle_m["host_bound"], "duration_ns"], n),
+        **(host_compute_fields(idle_m, stretches_m, n) if stretches_m is not None else {}),
         "other_idle_ns_per_step": step_stats.per_step(idle_m.loc[~idle_m["host_bound"], "duration_ns"], n),
         "streams": stream_rows,
         # what GD-INPUT-STALL measures, without its 10 % threshold: the ranks table compares ranks by it
@@ -103,4 +106,27 @@ def idle_section(idle_m: pd.DataFrame, km: pd.DataFrame, stream_rows: list[dict]
         "kernels_shorter_than_launch_per_step": float(km["shorter_than_launch"].sum()) / n if n else None,
         "median_queue_delay_ns": tables.num(km["queue_delay_ns"].median()),
         "top_waiting_kernels": top_waits,
+    }
+
+
+def host_compute_fields(idle_m: pd.DataFrame, stretches_m: pd.DataFrame, n: int, top: int = 5) -> dict:
+    """The ``idle`` section's split of host-bound idle (:mod:`gpudiag.analysis.steps.host_work`),
+    per measured step (ns): launch_bound_idle_ns_per_step + host_compute_idle_ns_per_step =
+    host_bound_idle_ns_per_step, step_start_host_compute_idle_ns_per_step (host compute before the
+    steps' first kernels); host_compute_stretches_per_step, the longest stretch's part in
+    its idle interval (longest_host_compute_stretch_ns, None without one), the threshold, and
+    ``host_compute_where``: the ``top`` NVTX ranges holding most host-compute time (None: outside
+    every range)."""
+    labels = stretches_m["where"].astype(object).fillna("").to_numpy()  # "": outside every range
+    where = stretches_m.groupby(labels)["ns"].sum().sort_values(ascending=False, kind="stable").head(top)
+    return {
+        "launch_bound_idle_ns_per_step": step_stats.per_step(idle_m["launch_bound_ns"], n),
+        "host_compute_idle_ns_per_step": step_stats.per_step(idle_m["host_compute_ns"], n),
+        # the part of step_start_idle_ns_per_step (GD-INPUT-STALL's idle) that is host compute
+        "step_start_host_compute_idle_ns_per_step": step_stats.per_step(
+            idle_m.loc[idle_m["at_step_start"].astype(bool), "host_compute_ns"], n),
+        "host_compute_stretches_per_step": float(len(stretches_m)) / n if n else None,
+        "longest_host_compute_stretch_ns": float(stretches_m["ns"].max()) if len(stretches_m) else None,
+        "host_compute_threshold_ns": host_work.HOST_COMPUTE_STRETCH_NS,
+        "host_compute_where": [{"where": str(w) or None, "ns_per_step": float(v) / n} for w, v in where.items()] if n else [],
     }

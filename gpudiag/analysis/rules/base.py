@@ -45,8 +45,10 @@ class RuleContext:
     km: kernels with attribution and class columns (duration_ns, name, short_name, family,
     kernel_class, evidence, math_path, efficiency, phase, module, op, op_args, step, grid_*);
     detail: the detail step's kernels (op and op_args set); api: runtime API calls with ``step``;
-    memcpy: copies with ``step``; idle: GPU-idle intervals with ``step``, ``host_bound`` and
-    ``at_step_start`` (idle before the step's first kernel); n_steps (steady-state steps);
+    memcpy: copies with ``step``; idle: GPU-idle intervals with ``step``, ``host_bound``,
+    ``at_step_start`` (idle before the step's first kernel) and, where split
+    (:mod:`gpudiag.analysis.steps.host_work`), ``launch_bound_ns`` and ``host_compute_ns``;
+    host_stretches: the host-compute stretches inside them (that module's columns); n_steps (steady-state steps);
     step_ns (their mean step time: outlier steps are left out, gpudiag.analysis.steps.outliers);
     peaks; ncu (may be empty); measured_steps (their indices). From the launcher's status and the
     rest of the analysis (defaults: unknown): peak_memory_bytes (step -> bytes), device_memory_bytes,
@@ -76,6 +78,7 @@ class RuleContext:
     distributed: dict | None = None  # DDP settings and backward() calls per step (gpudiag.analysis.rules.distributed)
     communication_ns: float = 0.0  # collective kernel time per step (the rules see km without collectives)
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)  # the collective kernels taken out of km
+    host_stretches: pd.DataFrame = field(default_factory=pd.DataFrame)  # host_work.split_host_idle's, measured steps
 
 
 def top_evidence(df: pd.DataFrame, n_steps: int, k: int = 3) -> list[str]:

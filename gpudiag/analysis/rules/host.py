@@ -1,5 +1,6 @@
-"""Rules on the host's side of the step: the GPU waiting for kernel launches, host syncs, pageable
-copies, an input stall before the step's first kernel, and the unfused optimizer.
+"""Rules on the host's side of the step: the GPU waiting for kernel launches, the GPU waiting while
+the host runs CPU work, host syncs, pageable copies, an input stall before the step's first kernel,
+and the unfused optimizer.
 
 Each rule takes the :class:`~gpudiag.analysis.rules.base.RuleContext` of the measured steps and
 returns at most one :class:`~gpudiag.analysis.rules.base.Recommendation` (see that module).
@@ -8,34 +9,40 @@ returns at most one :class:`~gpudiag.analysis.rules.base.Recommendation` (see th
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
 
 from gpudiag.analysis.rules.base import Recommendation, RuleContext, top_evidence
 from gpudiag.analysis.rules.host_floor import graph_floor_ns, loop_floor, phase_host_ns, untraced_factor
+from gpudiag.analysis.steps.host_work import HOST_COMPUTE_STRETCH_NS
 from gpudiag.analysis.steps.launches import SYNC_APIS
 
 
 def overhead_bound(ctx: RuleContext) -> Recommendation | None:
-    """The GPU waits for kernel launches: host-bound idle between kernels (not at step start,
-    which :func:`input_stall` covers) above 15 % of the step. Saving: that idle time (what CUDA
-    Graphs would remove if launches were the only cost); in an inference step that loops over the
-    model (:func:`loop_floor`) at most the step less what graphs of the model leave."""
+    """The GPU waits for kernel launches: launch-bound idle between kernels (host-bound idle while
+    the host issued work, :mod:`gpudiag.analysis.steps.host_work`; not at step start, which
+    :func:`input_stall` covers) above 15 % of the step. Host compute (the launching thread's long
+    stretches with no CUDA call) is :func:`host_compute`'s, not counted here. Saving: that idle
+    time (what CUDA Graphs would remove if launches were the only cost); in an inference step that
+    loops over the model (:func:`loop_floor`) at most the step less what graphs of the model leave."""
     idle = ctx.idle[ctx.idle["host_bound"] & ~ctx.idle["at_step_start"]]
-    ns = idle["duration_ns"].sum() / ctx.n_steps
+    launch = idle["launch_bound_ns"] if "launch_bound_ns" in idle else idle["duration_ns"]
+    ns = launch.sum() / ctx.n_steps
     if ns < 0.15 * ctx.step_ns:
         return None
+    compute = float(idle["duration_ns"].sum()) / ctx.n_steps - ns
     short = ctx.km[ctx.km["kernel_class"] == "overhead"]
     floor = loop_floor(ctx)
     rec = Recommendation(
         "GD-OVERHEAD-BOUND", "The GPU waits for the host to launch kernels",
         ns if floor is None else min(ns, max(ctx.step_ns - graph_floor_ns(floor, 1.0), 0.0)),
-        "host-bound GPU idle time between kernels per step (removed if launches were free)" if floor is None else
-        "host-bound GPU idle time between kernels per step, at most the step less what CUDA graphs of the model "
+        "launch-bound GPU idle time between kernels per step (removed if launches were free)" if floor is None else
+        "launch-bound GPU idle time between kernels per step, at most the step less what CUDA graphs of the model "
         "leave: the loop's own host time outside the forwards plus the kernels",
-        [f"{ns / 1e6:.2f} ms/step of GPU idle with an empty launch queue ({100 * ns / ctx.step_ns:.0f} % of the step), "
-         f"{len(idle) / ctx.n_steps:.0f} gaps/step",
+        [f"{ns / 1e6:.2f} ms/step of GPU idle with an empty launch queue while the host issued work "
+         f"({100 * ns / ctx.step_ns:.0f} % of the step), {int((launch > 0).sum()) / ctx.n_steps:.0f} gaps/step",
          f"{len(ctx.km) / ctx.n_steps:.0f} kernel launches/step, {len(short) / ctx.n_steps:.0f} of them overhead-bound"],
         "Capture the step in a CUDA Graph (`torch.cuda.graphs`, or `torch.compile(model, mode=\"reduce-overhead\")`), "
         "fuse small ops (`torch.compile`), or raise the batch size so each kernel does more work.")
@@ -44,7 +51,57 @@ def overhead_bound(ctx: RuleContext) -> Recommendation | None:
         rec.evidence.append(f"{floor['forwards_per_step']:.0f} forward calls per step with {floor['outside_ns'] / 1e6:.2f} "
                             f"ms/step of host time outside them (the loop's own: CUDA graphs of the model keep it) "
                             f"and {floor['kernel_ns'] / 1e6:.2f} ms/step of kernels")
+    if compute > 0:
+        rec.evidence.append(f"not counted: {compute / 1e6:.2f} ms/step of host-bound idle between kernels while the "
+                            "launching thread ran CPU work with no CUDA call (host compute: GD-HOST-COMPUTE)")
     return rec
+
+
+# GD-HOST-COMPUTE fires at the share of the step GD-OVERHEAD-BOUND fires at: the two halves of the
+# host-bound idle the report once called overhead are judged alike (gpudiag's choice).
+HOST_COMPUTE_SHARE = 0.15
+
+
+def host_compute(ctx: RuleContext) -> Recommendation | None:
+    """The GPU waits while the launching thread runs CPU work: host-bound idle during its stretches
+    of over :data:`~gpudiag.analysis.steps.host_work.HOST_COMPUTE_STRETCH_NS` with no CUDA call
+    (making inputs on the CPU, tokenizing, Python between model calls, handling ``.tolist()``
+    results), before the step's first kernel included, at least :data:`HOST_COMPUTE_SHARE` of the
+    step. Saving: that idle time (overlapping the CPU work with the GPU's removes it; CUDA graphs
+    do not). Evidence: time and stretches per step, the longest stretch with the CUDA calls around
+    it, and the NVTX ranges (modules, phases, the user's own) the stretches ran in."""
+    if "host_compute_ns" not in ctx.idle:
+        return None
+    ns = float(ctx.idle["host_compute_ns"].sum()) / ctx.n_steps
+    stretches = ctx.host_stretches
+    if ns < HOST_COMPUTE_SHARE * ctx.step_ns or stretches.empty:
+        return None
+    longest = stretches.loc[stretches["ns"].idxmax()]
+    at_start = float(stretches.loc[stretches["at_step_start"].astype(bool), "ns"].sum()) / ctx.n_steps
+    labels = stretches["where"].astype(object).fillna("").to_numpy()
+    where = stretches.groupby(labels)["ns"].sum().sort_values(ascending=False, kind="stable").head(3)
+    return Recommendation(
+        "GD-HOST-COMPUTE", "The GPU waits while the host runs CPU work", ns,
+        f"GPU idle per step while the launching thread ran CPU work with no CUDA call for over "
+        f"{HOST_COMPUTE_STRETCH_NS / 1e6:g} ms: overlapping that work with the GPU's removes it",
+        [f"{ns / 1e6:.2f} ms/step of GPU idle with an empty launch queue while the launching thread ran CPU work "
+         f"({100 * ns / ctx.step_ns:.0f} % of the step)"
+         + (f", {at_start / 1e6:.2f} ms/step of it before the step's first kernel" if at_start else ""),
+         f"{len(stretches) / ctx.n_steps:.1f} stretches/step with no CUDA call for over "
+         f"{HOST_COMPUTE_STRETCH_NS / 1e6:g} ms; the longest left the GPU idle {longest['ns'] / 1e6:.2f} ms "
+         f"(step {int(longest['step'])}), between {_call(longest['call_before'])} and {_call(longest['call_after'])}",
+         "where (innermost NVTX range on the launching thread): "
+         + ", ".join(f"{w or 'outside every range'} {v / ctx.n_steps / 1e6:.2f} ms/step" for w, v in where.items())],
+        "Overlap the CPU work with the GPU's: make inputs on the GPU (`torch.randn(..., device=\"cuda\")`, GPU-side "
+        "preprocessing), move per-sample or per-request CPU work (decoding, augmentation, tokenizing, post-processing "
+        "of `.tolist()` results) to DataLoader workers (`num_workers=N`) or a background thread that prepares the next "
+        "batch while the GPU runs this one, and copy from pinned memory with `non_blocking=True`. CUDA graphs and "
+        "torch.compile do not remove this time.")
+
+
+def _call(name) -> str:
+    """A CUDA call's name for evidence (its ``_vN`` suffix dropped); "the capture's edge" for none."""
+    return "`" + re.sub(r"_v\d+$", "", name) + "`" if isinstance(name, str) and name else "the capture's edge"
 
 
 def host_syncs(ctx: RuleContext) -> Recommendation | None:

@@ -22,7 +22,8 @@ TIME_ACTED_ON: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in {
     "GD-GEMM-ALIGN": {"kernels:contraction"},
     "GD-FP8-INFERENCE": {"kernels:contraction"},
     "GD-CUDNN-BENCHMARK": {"kernels:contraction"},
-    "GD-OVERHEAD-BOUND": {"idle:host"},  # host-bound idle between kernels
+    "GD-OVERHEAD-BOUND": {"idle:host:launch"},  # launch-bound idle between kernels (steps.host_work)
+    "GD-HOST-COMPUTE": {"idle:host:compute", "idle:step-start"},  # host compute, before the first kernel too
     "GD-DDP-NO-SYNC": {"communication"},  # the collectives of the micro-batches but the last
     "GD-HOST-SYNC": {"idle:host"},  # the part of it that begins during a sync
     "GD-INPUT-STALL": {"idle:step-start"},  # host-bound idle before the step's first kernel

@@ -15,14 +15,17 @@ from gpudiag.analysis.attribution.families import COMMUNICATION
 from gpudiag.analysis.rules.base import RuleContext
 from gpudiag.analysis.rules.distributed import DISTRIBUTED_RULES
 from gpudiag.analysis.rules.expert import EXPERT_RULES
-from gpudiag.analysis.rules.host import host_syncs, input_stall, overhead_bound, pageable_copies, unfused_optimizer
+from gpudiag.analysis.rules.host import (host_compute, host_syncs, input_stall, overhead_bound, pageable_copies,
+                                         unfused_optimizer)
 from gpudiag.analysis.rules.inference import INFERENCE_RULES
 from gpudiag.analysis.rules.kernels import (fp32_matmul, gemm_alignment, inference_quantization, multi_stream,
                                             small_grids, unfused_attention, unfused_norm)
 from gpudiag.analysis.rules.ncu import NCU_RULES
 
-RULES = (fp32_matmul, gemm_alignment, overhead_bound, host_syncs, pageable_copies, input_stall, unfused_optimizer,
-         unfused_attention, unfused_norm, small_grids, *NCU_RULES, multi_stream,
+# host_compute after input_stall: on a tie (RANK_RESOLUTION) the stall before the step's first kernel, whose
+# fix names the input pipeline, comes first
+RULES = (fp32_matmul, gemm_alignment, overhead_bound, host_syncs, pageable_copies, input_stall, host_compute,
+         unfused_optimizer, unfused_attention, unfused_norm, small_grids, *NCU_RULES, multi_stream,
          inference_quantization, *INFERENCE_RULES, *DISTRIBUTED_RULES, *EXPERT_RULES)
 
 

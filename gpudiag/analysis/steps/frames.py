@@ -45,7 +45,7 @@ def activities(t: Tables, steps: Steps, attribution: pd.DataFrame | None = None)
     the launch call (-1 for none; the GPU start where the whole capture is one step). The kernels'
     launch calls are taken from ``attribution`` (one row per kernel) when given."""
     activities = gpu_activities(t.kernels, t.memcpy, t.memset, t.runtime_api,
-                                attribution[["api_start_ns", "api_end_ns"]] if attribution is not None else None)
+                                attribution[["api_start_ns", "api_end_ns", "api_tid"]] if attribution is not None else None)
     when = activities["api_start_ns"].to_numpy(dtype=float)
     if steps.kind == "whole":
         when = np.where(np.isnan(when), activities["start_ns"].to_numpy(dtype=float), when)

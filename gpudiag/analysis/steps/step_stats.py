@@ -62,8 +62,11 @@ def per_step_entries(st: pd.DataFrame, class_ns: pd.DataFrame, idle_m: pd.DataFr
     """report.json's ``steps.per_step``: one entry per row of the step table ``st``; a step with
     kernel time in ``class_ns`` (:func:`class_ns_per_step`) also gets ``<class>_ns`` (scaled to the
     busy time), ``host_bound_idle_ns`` (from ``idle_m``, the measured steps' idle intervals, counted
-    as overhead) and ``other_idle_ns``."""
+    as overhead), its parts ``launch_bound_idle_ns`` and ``host_compute_idle_ns`` (where ``idle_m``
+    is split: :mod:`gpudiag.analysis.steps.host_work`) and ``other_idle_ns``."""
     host_idle = idle_m[idle_m["host_bound"]].groupby("step")["duration_ns"].sum()
+    host_compute = (idle_m.groupby("step")["host_compute_ns"].sum() if "host_compute_ns" in idle_m
+                    else None)
     entries = []
     for row in st.itertuples(index=False):
         entry = {"step": int(row.step), "step_time_ns": int(row.step_time_ns), "busy_ns": int(row.busy_ns),
@@ -76,6 +79,9 @@ def per_step_entries(st: pd.DataFrame, class_ns: pd.DataFrame, idle_m: pd.DataFr
             entry.update({f"{c}_ns": float(class_ns.loc[row.step, c]) * scale for c in CLASSES})
             entry["overhead_ns"] += host
             entry["host_bound_idle_ns"] = host
+            if host_compute is not None:
+                entry["host_compute_idle_ns"] = float(host_compute.get(row.step, 0))
+                entry["launch_bound_idle_ns"] = host - entry["host_compute_idle_ns"]
             entry["other_idle_ns"] = float(row.idle_ns) - host
         entries.append(entry)
     return entries
@@ -91,6 +97,20 @@ def breakdown(entries: list[dict], step_ns: float) -> tuple[dict, dict]:
         ns[key.replace("other_idle", "idle")] = value
     percent = {k2.replace("_ns", ""): 100.0 * v / step_ns if step_ns else None for k2, v in ns.items()}
     return ns, percent
+
+
+def overhead_split(entries: list[dict], step_ns: float) -> tuple[dict, dict]:
+    """The mean measured step's overhead (:func:`breakdown`'s ``overhead_ns``) in two parts, ns and
+    % of the mean step ``step_ns``: ``launch_bound`` (overhead-bound kernels and the host-bound idle
+    while the host issued work) and ``host_compute`` (host-bound idle while the launching thread ran
+    CPU work with no CUDA call, :mod:`gpudiag.analysis.steps.host_work`). The parts add up to the
+    overhead. ({}, {}) where the entries carry no split."""
+    ps = pd.DataFrame([e for e in entries if e["measured"] and "host_compute_idle_ns" in e])
+    if ps.empty:
+        return {}, {}
+    host_compute = float(ps["host_compute_idle_ns"].mean())
+    ns = {"launch_bound_ns": float((ps["overhead_ns"] - ps["host_compute_idle_ns"]).mean()), "host_compute_ns": host_compute}
+    return ns, {k.replace("_ns", ""): 100.0 * v / step_ns if step_ns else None for k, v in ns.items()}
 
 
 def per_step_metrics(km: pd.DataFrame, measured: pd.DataFrame, entries: list[dict], incl: pd.DataFrame,

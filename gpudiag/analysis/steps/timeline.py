@@ -58,10 +58,11 @@ def gpu_activities(kernels: pd.DataFrame, memcpy: pd.DataFrame, memset: pd.DataF
                    runtime_api: pd.DataFrame, kernel_calls: pd.DataFrame | None = None) -> pd.DataFrame:
     """All GPU work as one table sorted by start: start_ns, end_ns, kind (kernel/memcpy/memset),
     stream_id, global_pid, correlation_id, kernel_id (NaN for copies), and the launch call's
-    api_start_ns / api_end_ns (NaN where the export has none). ``kernel_calls``: the kernels' own
-    launch calls where the caller has them (columns api_start_ns, api_end_ns, one row per kernel
-    in order: :func:`launch_calls` of ``kernels``, as the attribution holds them); then only the
-    copies' and memsets' calls are looked up."""
+    api_start_ns / api_end_ns / api_tid (the launching thread; NaN where the export has none).
+    ``kernel_calls``: the kernels' own launch calls where the caller has them (columns
+    api_start_ns, api_end_ns, api_tid, one row per kernel in order: :func:`launch_calls` of
+    ``kernels``, as the attribution holds them); then only the copies' and memsets' calls are
+    looked up."""
     cols = ["start_ns", "end_ns", "stream_id", "global_pid", "correlation_id"]
     parts = [kernels[cols + ["kernel_id"]].assign(kind="kernel")]
     for name, df in (("memcpy", memcpy), ("memset", memset)):
@@ -74,6 +75,8 @@ def gpu_activities(kernels: pd.DataFrame, memcpy: pd.DataFrame, memset: pd.DataF
         calls = [kernel_calls] + ([launch_calls(act.iloc[len(kernels):], runtime_api)] if len(act) > len(kernels) else [])
     for c in ("api_start_ns", "api_end_ns"):
         act[c] = np.concatenate([part[c].to_numpy() for part in calls])
+    # thread ids as integers (nullable): ids tagged with a file index (ingest_many) exceed 2**53
+    act["api_tid"] = pd.concat([part["api_tid"].astype("Int64") for part in calls], ignore_index=True).array
     return act.sort_values("start_ns", kind="stable", ignore_index=True)
 
 
@@ -113,12 +116,13 @@ def step_table(steps: pd.DataFrame, activities: pd.DataFrame, warmup_steps: int,
 def idle_intervals(activities: pd.DataFrame) -> pd.DataFrame:
     """Intervals where the whole GPU was idle, between consecutive merged busy blocks:
     start_ns, end_ns, duration_ns, host_bound (bool), next_kernel_id (the kernel that ended the
-    idle time; NaN when a copy or memset did)."""
+    idle time; NaN when a copy or memset did) and next_api_tid (the thread whose call launched the
+    activity that ended it; NaN without one)."""
     m_s, m_e = merge_intervals(activities["start_ns"].to_numpy(), activities["end_ns"].to_numpy())
     if len(m_s) < 2:  # typed: a boolean mask of object dtype would select columns, not rows
         return pd.DataFrame({"start_ns": pd.Series(dtype=np.int64), "end_ns": pd.Series(dtype=np.int64),
                              "duration_ns": pd.Series(dtype=np.int64), "host_bound": pd.Series(dtype=bool),
-                             "next_kernel_id": pd.Series(dtype=float)})
+                             "next_kernel_id": pd.Series(dtype=float), "next_api_tid": pd.Series(dtype="Int64")})
     gaps = pd.DataFrame({"start_ns": m_e[:-1], "end_ns": m_s[1:]})
     # The activity that ends a gap is the first to start at the next block's start.
     first = activities.drop_duplicates("start_ns").set_index("start_ns")
@@ -126,6 +130,7 @@ def idle_intervals(activities: pd.DataFrame) -> pd.DataFrame:
     gaps["duration_ns"] = gaps["end_ns"] - gaps["start_ns"]
     gaps["host_bound"] = (nxt["api_end_ns"].to_numpy() > gaps["start_ns"].to_numpy())
     gaps["next_kernel_id"] = nxt["kernel_id"].to_numpy()
+    gaps["next_api_tid"] = nxt["api_tid"].array
     return gaps
 
 
