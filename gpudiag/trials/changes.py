@@ -20,6 +20,8 @@ import inspect
 import threading
 import weakref
 
+from gpudiag.capture import model_modules
+
 CHANGES = ("compile", "compile-graphs", "fused-optimizer", "channels-last", "tf32", "bf16-autocast",
            "cudnn-benchmark", "kernels", "half-weights", "static-cache", "static-cache-compile")
 # Changes for inference only: half weights would break an optimizer's fp32 master weights, and a
@@ -257,7 +259,10 @@ def _on_roots(state, apply) -> None:
             return
         depth = getattr(_local, "depth", 0)
         _local.depth = depth + 1
-        if depth == 0 and module not in seen and not isinstance(module, torch.fx.GraphModule):
+        # the model only: a DataLoader worker's transform modules (in a forked child, or on the main
+        # thread with no workers) are neither changed nor compiled (model_modules: issue 34)
+        if depth == 0 and module not in seen and not isinstance(module, torch.fx.GraphModule) \
+                and model_modules.owned() and model_modules.is_model(module):
             seen.add(module)
             apply(module)
 
@@ -267,6 +272,13 @@ def _on_roots(state, apply) -> None:
 
     handles = [nn_module.register_module_forward_pre_hook(pre),
                nn_module.register_module_forward_hook(post, always_call=True)]
+
+    def disown() -> None:  # in a forked child: no change is applied there
+        for handle in handles:
+            handle.remove()
+        handles.clear()
+
+    model_modules.register_disown(disown)
 
     def remove_after_first_step(step: int) -> None:
         if step >= 2 and handles:

@@ -68,7 +68,9 @@ def rebase_shares(report: dict, bare_ns: float) -> None:
     """One step reference for every share: each recommendation's ``saving_percent_of_step`` (shown
     and suppressed) becomes a share of the bare step, the step the user's script runs without the
     profiler; ``share_reference`` says so. (Issue 21: the corrected GD-OVERHEAD-BOUND was a share
-    of the bare step while the next row's was of the profiled step.)"""
+    of the bare step while the next row's was of the profiled step.) ``bare_ns``: the larger of the
+    bare run's mean and median step, since savings are means over the steady state and the median of
+    steps that alternate (a loader keeping up with every other batch) is the fast half's."""
     for rec in [*report.get("recommendations", []), *report.get("suppressed", [])]:
         if rec.get("saving_ns_per_step") is not None and bare_ns:
             rec["saving_percent_of_step"] = 100.0 * float(rec["saving_ns_per_step"]) / bare_ns
@@ -87,9 +89,10 @@ def apply_bare_run(report: dict) -> dict:
     idle = report.get("idle") or {}
     if idle.get("host_bound_idle_ns_per_step") is not None:
         idle["host_bound_idle_ns_per_step_corrected"] = max(0.0, idle["host_bound_idle_ns_per_step"] - inflation)
-    _cap_host_compute_rule(report, comparison["bare_step_time_ns"])
+    mean_ns = comparison.get("bare_mean_step_time_ns") or comparison["bare_step_time_ns"]
+    _cap_host_compute_rule(report, mean_ns)
     _correct_overhead_rule(report, inflation, comparison["bare_step_time_ns"])
-    rebase_shares(report, comparison["bare_step_time_ns"])
+    rebase_shares(report, max(mean_ns, comparison["bare_step_time_ns"]))
     report["fusion_note"] = mark_host_bound(report.get("fusion_candidates", []), report["recommendations"])
     if comparison["inflation_percent"] > FLAG_INFLATION_PERCENT:
         report.setdefault("warnings", []).append(
