@@ -170,7 +170,7 @@ def test_split_of_each_gap_is_the_oracles(analysed, rule_contexts, oracle, name,
 def test_the_input_pipelines_cpu_work_is_host_compute_and_its_totals_add_up(analysed, rule_contexts, oracle):
     """examples/input_pipeline_train.py --practice bad (H200): the main process augments each batch
     on the CPU (FFTs, no DataLoader workers) while the GPU waits. The oracle over every measured gap
-    finds one 24-37 ms stretch per step before the step's first kernel; the report's idle section,
+    finds one 24-69 ms stretch per step before the step's first kernel; the report's idle section,
     per-step entries and breakdown carry the same split, each adding up to its total."""
     report, ctx = _ctx(analysed, rule_contexts, "input_pipeline_bad")
     o, n = oracle("input_pipeline_bad"), ctx.n_steps
@@ -181,7 +181,8 @@ def test_the_input_pipelines_cpu_work_is_host_compute_and_its_totals_add_up(anal
     assert idle["launch_bound_idle_ns_per_step"] == pytest.approx(sum(lb for lb, _ in per_gap) / n, rel=1e-12)
     assert host / n > 0.8 * report["steps"]["step_time_ns"]["mean"]  # the step is the CPU's work
     assert idle["step_start_host_compute_idle_ns_per_step"] > 0.95 * idle["host_compute_idle_ns_per_step"]
-    assert 20e6 < idle["longest_host_compute_stretch_ns"] < 40e6
+    # the slow steps (3 of 9, recurrent: steady state, not outliers) hold the longest stretch, ~69 ms
+    assert 20e6 < idle["longest_host_compute_stretch_ns"] < 80e6
     assert idle["host_compute_where"][0]["where"] is None  # outside every range: the DataLoader's next()
     measured = [s for s in report["steps"]["per_step"] if s["measured"]]
     assert all(s["launch_bound_idle_ns"] + s["host_compute_idle_ns"] == s["host_bound_idle_ns"] for s in measured)

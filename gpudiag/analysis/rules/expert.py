@@ -225,11 +225,16 @@ def _launch_saving(ctx: "RuleContext", removed: float, launches: float, gpu_savi
     ``launches`` launches, beyond ``gpu_saving`` (already counted): the step shortens by
     min(removed x the host time per launch, bare step - the GPU's kernel time left), the host time
     per launch being the bare step over its launches
-    (:func:`gpudiag.analysis.rules.host_floor.host_ns_per_launch`). Issue 21: on a GNN step the old
+    (:func:`gpudiag.analysis.rules.host_floor.host_ns_per_launch`) less the step's share of host
+    compute (:mod:`gpudiag.analysis.steps.host_work`). Issue 21: on a GNN step the old
     estimate, idle time x the share of launches, missed most of what compile saved."""
     from gpudiag.analysis.rules.host_floor import host_ns_per_launch, untraced_factor
 
-    per_launch = host_ns_per_launch(ctx.step_ns, launches, ctx.bare_inflation_ns)
+    # host compute (CPU work with no CUDA call, outside the model: making inputs) is no launch's cost,
+    # and compiling the model leaves it (issue 34: predicted from the launch-bound part only)
+    host_compute = float(ctx.idle["host_compute_ns"].sum()) / ctx.n_steps if "host_compute_ns" in ctx.idle else 0.0
+    per_launch = host_ns_per_launch(ctx.step_ns, launches, ctx.bare_inflation_ns) * \
+        max(1.0 - host_compute / ctx.step_ns, 0.0)
     bare_step = ctx.step_ns * untraced_factor(ctx.step_ns, ctx.bare_inflation_ns)
     gpu_left = float(ctx.km["duration_ns"].sum()) / ctx.n_steps - gpu_saving
     # the step after: max(host after, GPU after); the GPU saving is counted by the caller already

@@ -160,13 +160,15 @@ def where(stretches: pd.DataFrame, nvtx: pd.DataFrame) -> list[str | None]:
     middle = (stretches["start_ns"].to_numpy(dtype=float) + stretches["end_ns"].to_numpy(dtype=float)) / 2
     inner = innermost_range(ranges[["start_ns", "end_ns", "global_tid"]], middle,
                             stretches["tid"].to_numpy(dtype=float))
-    texts = ranges["text"].astype(str).to_numpy()
+    texts = ranges["text"].to_numpy(dtype=object)
     return [_label(texts[i]) if i >= 0 else None for i in inner]
 
 
-def _label(text: str) -> str:
+def _label(text) -> str | None:
     """An NVTX range's text as the report names it: gpudiag's module, phase and graph prefixes
-    shortened, any text cut to 80 characters."""
+    shortened, any text cut to 80 characters; None for a range without text (NULL in the export)."""
+    if not isinstance(text, str):
+        return None
     for prefix, name in ((nvtx_names.MODULE, "module "), (nvtx_names.PHASE, "phase "), (nvtx_names.GRAPH, "compiled graph ")):
         if text.startswith(prefix):
             return (name + text[len(prefix):])[:80]
