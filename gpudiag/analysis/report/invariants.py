@@ -125,8 +125,8 @@ def steady_state_excludes_outliers(report: dict) -> list[str]:
         return []
     over = [s for s in per_step if s.get("measured") and s["step_time_ns"] > found["threshold_ns"]]
     share = found.get("max_share")  # slow steps over this share of the measured ones are the steady state's own
-    recurrent = share is not None and not found["count"] and len(over) > share * sum(1 for s in per_step
-                                                                                     if s.get("measured"))
+    recurrent = share is not None and not found["count"] and len(over) >= found.get("min_recurrent", 0) \
+        and len(over) > share * sum(1 for s in per_step if s.get("measured"))
     out = [] if recurrent else [f"steady-state step {s['step']} lasts {s['step_time_ns']} ns, over the "
                                 f"{found['threshold_ns']:.0f} ns threshold" for s in over]
     out += [f"outlier step {s['step']} lasts {s['step_time_ns']} ns, under the {found['threshold_ns']:.0f} ns threshold"

@@ -10,7 +10,8 @@ copies each repeat a 1 s first step gave a 168 ms/step saving on a 23 ms step). 
   factor is issue 16's ("steps far from the median, say > 1.5×"); the median, not the mean, is the
   base so that the outliers themselves cannot move it (it holds while fewer than half the steps
   are slow). Only slow steps are outliers: a short step has no time for a rule to over-count.
-  Outliers are rare: when more than :data:`MAX_OUTLIER_SHARE` of the measured steps are slow,
+  Outliers are rare: when more than :data:`MAX_OUTLIER_SHARE` of the measured steps, and at least
+  :data:`MIN_RECURRENT`, are slow,
   the slow steps are the workload's own rhythm, not exceptions, and none is an outlier (H100,
   2026-11-26: a ResNet-18 fed by 2 DataLoader workers alternated 15 ms steps with 75 ms ones that
   waited for the next batch; dropping the slow half hid the input stall, the largest cost of all:
@@ -40,9 +41,12 @@ OUTLIER_FACTOR = 1.5  # issue 16: "steps far from the median (say > 1.5×)"
 # Largest share of the measured steps that may be outliers (gpudiag's choice: an event every fourth
 # step or more often is part of the steady state; see the module docstring).
 MAX_OUTLIER_SHARE = 0.25
+# ...and at least this many slow steps: in a short window two slow steps are not yet a rhythm (a
+# generate() loop's 2 long requests of 7, H100 decoder capture; period() asks 3 too)
+MIN_RECURRENT = 3
 STEADY_STATE_RULE = (f"steady state = measured steps (not warm-up, not the detail step) whose GPU window is at most "
                      f"{OUTLIER_FACTOR}× the median of the measured steps, unless more than "
-                     f"{100 * MAX_OUTLIER_SHARE:.0f} % of them are slower (then all); per-step numbers are means over it")
+                     f"{100 * MAX_OUTLIER_SHARE:.0f} % of them (and {MIN_RECURRENT} or more) are slower (then all); per-step numbers are means over it")
 MIN_CAUSE_SHARE = 0.05  # causes under 5 % of a step's excess time are left out (gpudiag's choice: noise)
 MAX_LISTED = 50  # outlier steps listed in report.json (the slowest); the count covers them all
 TOP_KERNELS = 5  # extra kernel names named per outlier step
@@ -59,7 +63,8 @@ def flag_outliers(st: pd.DataFrame, factor: float = OUTLIER_FACTOR) -> pd.DataFr
     # of nothing would flag every step that lasts at all, and no step would be left to compare with.
     threshold = factor * median if median > 0 else np.inf
     st["outlier"] = st["measured"] & (st["step_time_ns"].astype(float) > threshold)
-    if st["outlier"].sum() > MAX_OUTLIER_SHARE * len(times):  # recurrent slow steps: the steady state's own
+    slow = int(st["outlier"].sum())
+    if slow >= MIN_RECURRENT and slow > MAX_OUTLIER_SHARE * len(times):  # recurrent: the steady state's own
         st["outlier"] = False
     st["measured"] = st["measured"] & ~st["outlier"]
     return st
@@ -231,6 +236,7 @@ def outlier_summary(st: pd.DataFrame) -> dict:
     slow = float(st.loc[st["outlier"], "step_time_ns"].sum())
     total = float(candidates["step_time_ns"].sum())
     return {"rule": STEADY_STATE_RULE, "factor": OUTLIER_FACTOR, "max_share": MAX_OUTLIER_SHARE,
+            "min_recurrent": MIN_RECURRENT,
             "median_step_time_ns": median,
             "threshold_ns": OUTLIER_FACTOR * median if median else None,  # no threshold on a zero median (flag_outliers)
             "count": int(st["outlier"].sum()), "time_ns": slow,
