@@ -7,7 +7,7 @@
 #
 # The scripts are read from $EXAMPLES (default: .examples/ at the repository root, a copy of
 # pytorch/examples that is never committed: prepare_examples.sh makes it). Each one runs from a
-# fresh working directory under $RUNS_DIR/work (MNIST's fake raw files in $RUNS_DIR/work/data, the
+# fresh working directory under $RUNS_DIR/scratch (MNIST's fake raw files in $RUNS_DIR/scratch/data, the
 # '../data' the mnist and vae scripts read), as
 #   gpudiag profile --try none -o $RUNS_DIR/NAME --force SCRIPT -- ARGS
 # and the DDP tutorial also as `python -m torch.distributed.run --nproc-per-node 2 -m gpudiag profile
@@ -83,7 +83,7 @@ while [ $# -gt 0 ]; do
 done
 [ ${#names[@]} -gt 0 ] || { echo "usage: run_examples.sh part1|part2|ddp|all|NAME... [-o OUT_DIR] (--list)"; exit 2; }
 label=${label:0:60}
-mkdir -p "$out" "$RUNS_DIR/work"
+mkdir -p "$out" "$RUNS_DIR/scratch"
 out=$(cd "$out" && pwd)
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 
@@ -103,8 +103,8 @@ for n in ("torch", "torchvision", "transformers", "gpudiag"):
 cat "$out/env.txt"
 
 # fake MNIST once (mnist and vae read '../data' from their working directory)
-[ -f "$RUNS_DIR/work/data/MNIST/raw/t10k-labels-idx1-ubyte" ] || \
-  "$PYTHON" "$here/fake_mnist.py" "$RUNS_DIR/work/data" --train 10000 --test 2000
+[ -f "$RUNS_DIR/scratch/data/MNIST/raw/t10k-labels-idx1-ubyte" ] || \
+  "$PYTHON" "$here/fake_mnist.py" "$RUNS_DIR/scratch/data" --train 10000 --test 2000
 
 snapshot() {
   [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
@@ -130,7 +130,7 @@ for name in "${names[@]}"; do
     echo "skipped: $script missing (run prepare_examples.sh and carry .examples)" > "$dir/skipped.txt"
     echo "=== $name: $script missing"; snapshot; continue
   fi
-  cwd=$RUNS_DIR/work/cwd_$name
+  cwd=$RUNS_DIR/scratch/cwd_$name
   rm -rf "$cwd"; mkdir -p "$cwd/results" "$cwd/out"
   read -r -a script_args <<< "${args//\$CWD/$cwd}"
   script_args+=("${extra_args[@]}")
