@@ -10,6 +10,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import sqlite3
 import sys
 import tempfile
@@ -105,7 +106,21 @@ def test_replicated_and_mutated_reports_hold_the_invariants_or_say_why(export_pa
                     ((inv.__name__, inv(report)) for inv in invariants.INVARIANTS) if found}
         for name in violated:
             assert any(name in w for w in report["warnings"]), (name, violated[name], report["warnings"])
-        if mutation is None:  # the same steps, more of them: the same median step
+        if mutation is None:  # the same steps, more of them: the steady state the rule gives them
             assert report["steps"]["count"] == original["steps"]["count"] * (copies + 1)
-            assert abs(report["steps"]["step_time_ns"]["median"] - original["steps"]["step_time_ns"]["median"]) \
-                <= 0.01 * original["steps"]["step_time_ns"]["median"]
+            expected = _steady_median([s["step_time_ns"] for s in original["steps"]["per_step"]
+                                       if not s["warmup"] and not s["detail"]] * (copies + 1))
+            assert abs(report["steps"]["step_time_ns"]["median"] - expected) <= 0.01 * expected
+
+
+def _steady_median(times: list[float]) -> float:
+    """The steady state's median step, the rule written out here as the oracle: steps over 1.5x the
+    median are outliers unless more than a quarter of the steps, and 3 or more, are that slow
+    (gpudiag/analysis/steps/outliers.py). Replicating a capture can turn 2 slow first steps into 4
+    recurrent ones; the median then moves, as the rule says it should."""
+    ordered = sorted(times)
+    median = statistics.median(ordered)
+    slow = [t for t in ordered if t > 1.5 * median]
+    steady = ordered if len(slow) >= 3 and len(slow) > 0.25 * len(ordered) else \
+        [t for t in ordered if t <= 1.5 * median]
+    return statistics.median(steady)
