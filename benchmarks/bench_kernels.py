@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import pandas as pd  # noqa: E402
 
 from gpudiag.capture.calibrate import _copy_ms  # noqa: E402
-from gpudiag.kernels.bench import bench  # noqa: E402
+from gpudiag.fused.bench import bench  # noqa: E402
 
-from gpudiag.kernels.registry import kernels  # noqa: E402
+from gpudiag.fused.registry import kernels  # noqa: E402
 
 
 def peak_bytes(name: str, shape, dtype) -> dict:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from gpudiag.kernels.registry import kernels  # noqa: E402
+from gpudiag.fused.registry import kernels  # noqa: E402
 
 TINY = {"ln_roll_window_partition": (1, 7, 7, 8), "window_reverse_roll_add": (1, 7, 7, 8),
         "softmax_bias_mask": (2, 1, 7, 1), "cross_entropy": (4, 16)}

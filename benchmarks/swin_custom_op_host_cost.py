@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from gpudiag.kernels import custom_ops as co  # noqa: E402  (importing registers the ops)
-from gpudiag.kernels import custom_ops_swin as cs  # noqa: E402
+from gpudiag.fused import custom_ops as co  # noqa: E402  (importing registers the ops)
+from gpudiag.fused import custom_ops_swin as cs  # noqa: E402
 from host_launch_cost import per_call_us  # noqa: E402  (benchmarks/, beside this script)
 
 SWIN_T_BLOCKS = 12

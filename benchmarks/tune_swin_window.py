@@ -3,7 +3,7 @@
     python benchmarks/tune_swin_window.py
 
 Prints, per shape and configuration, the median time (triton.testing.do_bench) and the share of the
-copy bandwidth; it checked the defaults in gpudiag/kernels/ops/swin_window.py (_tile, 4 warps): within
+copy bandwidth; it checked the defaults in gpudiag/fused/ops/swin_window.py (_tile, 4 warps): within
 3-11 % of the best configuration on the H200 (docs/notes/measurements.md).
 """
 
@@ -19,7 +19,7 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 from gpudiag.capture.calibrate import _copy_ms  # noqa: E402
-from gpudiag.kernels.ops import swin_window as sw  # noqa: E402
+from gpudiag.fused.ops import swin_window as sw  # noqa: E402
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_positions=args.seq)).cuda().train()
     if args.fused_gelu:
-        from gpudiag.kernels.ops.bias_gelu import FusedGelu
+        from gpudiag.fused.ops.bias_gelu import FusedGelu
 
         for block in model.transformer.h:
             block.mlp.act = FusedGelu()
@@ -40,7 +40,7 @@ def main() -> None:
     # HF's causal-LM loss: next-token targets, the last position ignored (-100), mean over the rest
     targets = torch.nn.functional.pad(tokens[:, 1:], (0, 1), value=-100).reshape(-1)
     if args.fused_ce:
-        from gpudiag.kernels.ops.cross_entropy import cross_entropy
+        from gpudiag.fused.ops.cross_entropy import cross_entropy
     times, losses = [], []
     for step in range(args.steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -4,7 +4,7 @@
     python examples/swin_train.py --steps 30 --time [--fused] [--compile]   # step time, CUDA events
 
 timm ``swin_tiny_patch4_window7_224``, random init, batch 32, AdamW, cross-entropy on random labels.
-``--fused`` applies the reference kernels gpudiag recommends for it (gpudiag.kernels.timm_swin);
+``--fused`` applies the reference kernels gpudiag recommends for it (gpudiag.fused.timm_swin);
 ``--compile`` runs torch.compile on the model (alone, or over the fused kernels), for comparison;
 with both, the patched blocks run timm's code under compile unless ``--fused-under-compile kernels``.
 """
@@ -21,7 +21,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--fail-at", type=int, default=None, help="raise at this step (shows crash handling)")
-    parser.add_argument("--fused", action="store_true", help="apply gpudiag's reference kernels (gpudiag.kernels.timm_swin)")
+    parser.add_argument("--fused", action="store_true", help="apply gpudiag's reference kernels (gpudiag.fused.timm_swin)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--fused-under-compile", choices=["timm", "kernels"], default="timm",
                         help="with --fused --compile: what the patched blocks run under torch.compile "
@@ -38,7 +38,7 @@ def main() -> None:
     if args.fused:
         # The loss stays eager: at [32, 1000] logits the fused cross-entropy is launch-bound and
         # slower (docs/kernels_benchmark.md), and gpudiag does not recommend it here.
-        from gpudiag.kernels import timm_swin
+        from gpudiag.fused import timm_swin
 
         timm_swin.apply(model, under_compile=args.fused_under_compile)
         if args.compile:

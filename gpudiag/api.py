@@ -58,7 +58,7 @@ class Run:
     Made by :func:`load`; each table property builds a new frame (edit it freely)."""
 
     def __init__(self, report: dict, source: str) -> None:
-        from gpudiag.reports import json_report
+        from gpudiag.renderers import json_report
 
         self._json = json_report.to_json(report)  # the exact text gpudiag report writes to report.json
         self.report: dict = json.loads(self._json)  #: report.json's content (JSON types; NaN is None)
@@ -137,7 +137,7 @@ class Run:
     def to_html(self, path: str | Path | None = None) -> str | Path:
         """The self-contained report.html page (a few MB: plotly.js is inlined); written to ``path``
         if given, which is returned instead."""
-        from gpudiag.reports import html
+        from gpudiag.renderers import html
 
         page = html.render(self.report)
         if path is None:

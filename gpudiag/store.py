@@ -82,7 +82,7 @@ def _bulk_append(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> bool
     """Append ``df`` to the existing table ``name`` through Arrow and the ADBC SQLite driver, which
     binds the values in C: a third of the CPU time of pandas' ``to_sql``, which binds each value
     from Python (2 M API-call rows: 1.5 s against 4.8 s CPU, docs/scale.md), with the same stored
-    values and types (tests/test_store_write.py). False, having written nothing, where it does not
+    values and types (tests/test_store.py). False, having written nothing, where it does not
     apply: an in-memory database (a rank's copy), no ADBC driver installed, or a column Arrow
     cannot type (mixed Python objects); the caller then uses ``to_sql``."""
     path = _database_file(db)

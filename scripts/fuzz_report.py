@@ -15,7 +15,7 @@ never a traceback, never another exit code, never a Python warning leaking to th
 
     python scripts/fuzz_report.py --cases 10000 --seed 1     # the recorded run (docs/notes/measurements.md)
 
-tests/test_fuzz.py imports this file and runs a CI-sized slice.
+tests/sources/test_fuzz.py imports this file and runs a CI-sized slice.
 """
 
 from __future__ import annotations

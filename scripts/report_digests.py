@@ -6,7 +6,7 @@
 
 Each export (``examples/`` and ``tests/fixtures/``, ``*.sqlite.xz``) is ingested and analysed as
 ``gpudiag report`` does it, with the launcher status committed beside it where there is one, and
-report.json's text (``gpudiag.reports.json_report.to_json``) is hashed with SHA-256. The analysis
+report.json's text (``gpudiag.renderers.json_report.to_json``) is hashed with SHA-256. The analysis
 is deterministic and report.json holds no timing of its own run, so a digest changes only when a
 number, a text or the order of keys changes. The multi-process exports analyse their ranks in this
 process (``rank_workers=1``) so the check needs no cluster.
@@ -46,7 +46,7 @@ def digest(export: Path, work: Path) -> str:
     from gpudiag import store
     from gpudiag.analysis.ingest import ingest
     from gpudiag.analysis.pipeline import analyse
-    from gpudiag.reports import json_report
+    from gpudiag.renderers import json_report
 
     plain = work / "export.sqlite"
     with lzma.open(export) as src, open(plain, "wb") as dst:

@@ -94,14 +94,14 @@ def _mutation_run() -> bool:
     return os.environ.get("MUTANT_UNDER_TEST") == "stats"
 
 
-# name -> the RuleContext the analysis of that capture gave the rules (tests/test_rules_context_fast.py
+# name -> the RuleContext the analysis of that capture gave the rules (tests/analysis/rules/test_base.py
 # calls the rules on it), recorded by `analysed`
 RULE_CONTEXTS: dict[str, object] = {}
 
 
 def analyse_recording(db, name: str, status: dict | None, **kwargs) -> dict:
     """``analyse(db, status=status)``, recording the rules' context in RULE_CONTEXTS[name]."""
-    import gpudiag.analysis.report.findings as findings
+    import gpudiag.analysis.findings.recommendations as findings
 
     seen = []
     original = findings.recommend_split

@@ -68,7 +68,7 @@ def test_frames_hold_what_report_json_holds(name, reported, runs):
 
 
 def test_the_findings_of_the_captures(runs):
-    """What each capture is known for (tests/test_recommend.py): the frames show it."""
+    """What each capture is known for (tests/analysis/rules/test_recommendations.py): the frames show it."""
     assert runs["input_pipeline_bad"].recommendations["rule_id"].iloc[0] == "GD-INPUT-STALL"
     assert "GD-INPUT-STALL" not in runs["input_pipeline_good"].recommendations["rule_id"].tolist()
     assert len(runs["tiny_gemm_gelu"].fusion_candidates) >= 1

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-ZOO = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo"
+from conftest import ROOT
+
+ZOO = ROOT / "benchmarks" / "zoo"
 SCRIPTS = ["llama_train.py", "resnet50_train.py", "bert_compile_train.py", "gpt2_decode_graphs.py", "vit_inference.py"]
 STEPS = 4
 STEP_LINE = re.compile(r"^step (\d+) (loss|checksum) (\S+)", re.M)

@@ -9,8 +9,8 @@ Results: docs/notes/measurements.md (2026-11-21).
 """
 
 import torch, triton
-from gpudiag.kernels.ops import swin_window as sw
-from gpudiag.kernels.registry import kernels
+from gpudiag.fused.ops import swin_window as sw
+from gpudiag.fused.registry import kernels
 B, H, W, C = 128, 56, 56, 96
 x = torch.randn(B, H, W, C, device="cuda", dtype=torch.bfloat16)
 w = torch.ones(C, device="cuda", dtype=torch.bfloat16); b = torch.zeros_like(w)

@@ -2,7 +2,7 @@
 
     python benchmarks/zoo/graphs_check.py --json graphs.json
 
-1. Each public fused function of gpudiag.kernels.custom_ops, forward and backward, captured with
+1. Each public fused function of gpudiag.fused.custom_ops, forward and backward, captured with
    ``torch.cuda.make_graphed_callables`` and replayed on new inputs, against the same function run
    eagerly on those inputs (the oracle: eager PyTorch of the same kernels). Dropout cannot be
    compared element-wise with another draw: for it the check is that two replays on the same input
@@ -29,7 +29,7 @@ import traceback
 
 import torch
 
-from gpudiag.kernels import custom_ops as ops
+from gpudiag.fused import custom_ops as ops
 
 DEV = torch.device("cuda")
 
@@ -104,7 +104,7 @@ def _llama(patched: bool):
                          attn_implementation="sdpa")
     model = LlamaForCausalLM(config).to(DEV).train()
     if patched:
-        from gpudiag.kernels import hf
+        from gpudiag.fused import hf
 
         hf.apply(model, fuse_lm_loss=True)
     return model
@@ -117,7 +117,7 @@ def _gpt2(patched: bool):
     config = GPT2Config(vocab_size=2048, n_embd=256, n_layer=2, n_head=4, n_positions=256, attn_implementation="sdpa")
     model = GPT2LMHeadModel(config).to(DEV).train()  # dropout 0.1 everywhere (GPT-2's default)
     if patched:
-        from gpudiag.kernels import hf
+        from gpudiag.fused import hf
 
         hf.apply(model)
     return model
@@ -183,7 +183,7 @@ def check_reduce_overhead(variant: str) -> dict:
     """``variant``: "unpatched", or hf.apply's ``under_compile`` ("hf" or "kernels")."""
     from torch._dynamo.utils import counters
 
-    from gpudiag.kernels import hf
+    from gpudiag.fused import hf
 
     torch._dynamo.reset()
     ids = torch.randint(0, 2048, (4, 128), device=DEV, generator=torch.Generator(DEV).manual_seed(1))

@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--compile", action="store_true", help="torch.compile(model)")
     parser.add_argument("--fused-optimizer", action="store_true", help="AdamW(fused=True)")
-    parser.add_argument("--gpudiag-kernels", action="store_true", help="gpudiag.kernels.hf.apply(model)")
+    parser.add_argument("--gpudiag-kernels", action="store_true", help="gpudiag.fused.hf.apply(model)")
     args = parser.parse_args()
     batch = args.batch or (2 if args.tiny else 8)
     seq = args.seq or (32 if args.tiny else 1024)
@@ -50,7 +50,7 @@ def main() -> None:
     model = LlamaForCausalLM(config).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, **({"fused": True} if args.fused_optimizer else {}))
     if args.gpudiag_kernels:
-        from gpudiag.kernels import hf
+        from gpudiag.fused import hf
 
         print("gpudiag kernels:", hf.apply(model), flush=True)
     forward = torch.compile(model) if args.compile else model

@@ -5,7 +5,7 @@
 #   bash benchmarks/zoo/run_proof.sh OUT_DIR [resnet|llama|stability|kernels...]
 #
 # resnet:    ResNet-50 NCHW vs channels_last (2 interleaved rounds), then channels_last + torch.compile
-# llama:     Llama baseline vs AdamW(fused=True) (2 rounds), torch.compile, gpudiag.kernels.hf.apply
+# llama:     Llama baseline vs AdamW(fused=True) (2 rounds), torch.compile, gpudiag.fused.hf.apply
 # stability: three `gpudiag profile` captures of ResNet-50 NCHW (the same script, back to back)
 # kernels:   benchmarks/bench_kernels.py (every reference kernel compiled and checked on the GPU)
 # Each part writes OUT_DIR/<part>.tsv or OUT_DIR/<part>/ and a log; see before_after.py.

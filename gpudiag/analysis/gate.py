@@ -177,7 +177,7 @@ def baseline_from_report(report: dict) -> dict:
                         for m in metrics_from_report(report).values()}}
 
 
-def load(data: dict, origin: str) -> tuple[dict[str, Metric], dict]:
+def metrics_from(data: dict, origin: str) -> tuple[dict[str, Metric], dict]:
     """(metrics, environment) from a parsed report.json or baseline file. Raises :class:`GateError`
     (exit 3) when it is neither, or has no samples."""
     if not isinstance(data, dict):  # a JSON list, string or number

@@ -32,9 +32,9 @@ from gpudiag.analysis.attribution.families import COMMUNICATION, families
 from gpudiag.analysis.attribution.ranges import Steps, attribute, find_steps, op_call_payloads
 from gpudiag.analysis.ingest import Tables, read_tables
 from gpudiag.analysis.ranks import comm, engine, processes
-from gpudiag.analysis.report import invariants, sections, tables
-from gpudiag.analysis.report.bare_run import apply_bare_run
-from gpudiag.analysis.report.findings import RuleInputs, findings
+from gpudiag.analysis.findings import invariants, sections, tables
+from gpudiag.analysis.findings.bare_run import apply_bare_run
+from gpudiag.analysis.findings.recommendations import RuleInputs, findings
 from gpudiag.analysis.roofline import peaks
 from gpudiag.analysis.roofline.classify import classify
 from gpudiag.analysis.steps import frames, host_work, outliers, step_stats

@@ -21,7 +21,7 @@ for every module (H100: with them, the MLP-Mixer's bf16-weights trial ran 9.0 ms
 made by hand ran 5.5 ms; the runs made after this change agree with the hand-made ones within 15 %), so once the
 stepping module is known the bare run hooks it alone and drops the global ones, unless Dynamo has
 already compiled with them: it guards on the global hook dicts, and removing them would compile a
-second graph (tests/test_capture_compile.py). The profiled run keeps them (its module ranges need
+second graph (tests/capture/test_instrument_compile.py). The profiled run keeps them (its module ranges need
 them); after the decision they cost a flag test or a depth count per module call.
 """
 

@@ -65,7 +65,7 @@ def gated(run: tuple[dict, str]) -> tuple[dict, dict, str]:
     """(gated metrics, environment, label) of a (parsed report.json or baseline file, label) pair
     (:func:`read_run`'s answer). Raises UserError, exit 3, when it is neither or has no samples."""
     try:
-        return (*gate_mod.load(*run), run[1])
+        return (*gate_mod.metrics_from(*run), run[1])
     except gate_mod.GateError as exc:
         raise UserError(str(exc), exit_code=exc.exit_code) from None
 
@@ -76,7 +76,7 @@ def gate_result(baseline: tuple[dict, dict, str], current: tuple[dict, dict, str
     (verdict, exit_code, baseline and current labels, metrics, ...). The one comparison of
     ``gpudiag gate`` and :meth:`gpudiag.api.Run.compare`. Raises UserError, exit 3, when the runs'
     GPU, driver or torch differ (unless ``allow_different_hardware``) or no metric is in both."""
-    from gpudiag.reports import gate_formats  # imports rich: here, so that --help starts fast
+    from gpudiag.renderers import gate_formats  # imports rich: here, so that --help starts fast
 
     (base_metrics, base_env, base_label), (cur_metrics, cur_env, cur_label) = baseline, current
     diffs = gate_mod.differences(base_env, cur_env)
@@ -121,7 +121,7 @@ def gate(baseline: Path, current: Path, fmt: str, config_file: Path | None, allo
         gpudiag gate perf/baseline.json gpudiag-runs/train-20261121-101500
         gpudiag gate base/ new/ --format github --config perf/gate.toml
     """
-    from gpudiag.reports import gate_formats  # imports rich: here, so that --help starts fast
+    from gpudiag.renderers import gate_formats  # imports rich: here, so that --help starts fast
 
     config = load_config(config_file)
     base = gated(read_run(baseline))  # read and checked in this order: the first bad one is named

@@ -25,7 +25,7 @@ def list_kernels() -> None:
     from gpudiag.analysis.fusion.dataflow import REFERENCE_PATTERNS
 
     try:
-        from gpudiag.kernels.registry import kernels as registry
+        from gpudiag.fused.registry import kernels as registry
 
         shapes = {name: k.shape_doc for name, k in registry().items()}
     except ImportError:  # listing needs no Triton
@@ -54,8 +54,8 @@ def bench_cmd(name: str, shapes: tuple[str, ...], dtype: str, backward: bool, as
     try:
         import torch
 
-        from gpudiag.kernels.bench import bench
-        from gpudiag.kernels.registry import kernels as registry
+        from gpudiag.fused.bench import bench
+        from gpudiag.fused.registry import kernels as registry
 
         available = registry()
     except ImportError as exc:

@@ -48,8 +48,8 @@ def verify_candidates(report: dict, top: int = 3, echo=print) -> int:
 
     import torch
 
-    from gpudiag.kernels.bench import bench
-    from gpudiag.kernels.registry import kernels
+    from gpudiag.fused.bench import bench
+    from gpudiag.fused.registry import kernels
 
     training = "backward" in (report.get("phases_ns_per_step") or {})
     ran = 0
@@ -410,7 +410,7 @@ def _capture_window(job: Job, bare: dict | None, stage: StageTracker):
 def _trials(job: Job, status: dict) -> None:
     """Choose and run the trials, then rewrite report.json / report.html with them."""
     from gpudiag.cli.report import write_reports
-    from gpudiag.reports.terminal import render_trials
+    from gpudiag.renderers.terminal import render_trials
     from gpudiag.trials import plan, results, runner
 
     report_path = job.run_dir / "report.json"

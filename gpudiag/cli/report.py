@@ -20,7 +20,7 @@ from gpudiag.cli.errors import UserError, commit, internal_error, make_output_fo
 from gpudiag.cli.options import AnalysisOptions, analysis_options, rank_options
 
 # The analysis, readers and report writers (pandas, plotly, jinja2, rich) are imported in the
-# functions that use them, so that `gpudiag --help` starts fast (tests/test_cli_startup.py).
+# functions that use them, so that `gpudiag --help` starts fast (tests/cli/test_startup.py).
 REPORT_FILES = ("report.html", "report.json", "run.sqlite")  # the last is store.RUN_DB_NAME (a test checks)
 
 
@@ -182,7 +182,7 @@ def _gpu_of(export: Path) -> str | None:
 def write_reports(result: dict, out_dir: Path) -> None:
     """report.json and report.html of ``result`` in ``out_dir``, each renamed into place only when
     complete (a full disk leaves the old files or none)."""
-    from gpudiag.reports import html, json_report
+    from gpudiag.renderers import html, json_report
 
     write_atomically({out_dir / "report.json": json_report.to_json(result), out_dir / "report.html": html.render(result)})
 
@@ -280,7 +280,7 @@ def analyse_and_report(export: Path | list[Path], out_dir: Path, options: Analys
         result = ingest_and_analyse(export, partial(out_dir / "run.sqlite"), options, status, ncu, calibration, top)
         write_reports(result, out_dir)
         commit(out_dir / "run.sqlite")
-    from gpudiag.reports import json_report, terminal
+    from gpudiag.renderers import json_report, terminal
 
     if as_json:
         click.echo(json_report.to_json(result))

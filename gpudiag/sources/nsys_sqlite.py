@@ -154,7 +154,7 @@ def _strings(conn, tables: set[str], missing: list[str], dropped: dict) -> pd.Se
 def _resolve(ids: pd.Series, strings: pd.Series, table: str = "names", dropped: dict | None = None,
              placeholder: str | None = None) -> pd.Series:
     """Names of ``ids``; ids missing from StringIds are counted under ``table`` in ``dropped``."""
-    return row_checks.resolve(ids, strings, table, "names not in StringIds (rows kept)",
+    return row_checks.resolve_ids(ids, strings, table, "names not in StringIds (rows kept)",
                               {} if dropped is None else dropped, placeholder)
 
 

@@ -156,7 +156,7 @@ def id_lookup(ids: pd.Series, values: pd.Series, table: str, dropped: dict[str, 
     return out[~dup]
 
 
-def resolve(ids: pd.Series, lookup: pd.Series, table: str, what: str, dropped: dict[str, dict[str, int]],
+def resolve_ids(ids: pd.Series, lookup: pd.Series, table: str, what: str, dropped: dict[str, dict[str, int]],
             placeholder: str | None = None) -> pd.Series:
     """``ids`` mapped through ``lookup`` (from :func:`id_lookup`); ids that are set but absent
     from it resolve to NULL and are counted as ``what`` (e.g. "kernel names not in StringIds").

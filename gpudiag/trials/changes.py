@@ -165,18 +165,18 @@ def _bf16_autocast(module) -> None:
 
 
 def _kernels(module) -> None:
-    from gpudiag.kernels import hf, timm_swin
+    from gpudiag.fused import hf, timm_swin
 
     if type(module).__module__.startswith("timm.models.swin"):
         timm_swin.apply(module)
-        _applied(f"gpudiag.kernels.timm_swin.apply({type(module).__name__})")
+        _applied(f"gpudiag.fused.timm_swin.apply({type(module).__name__})")
         return
     try:
         result = hf.apply(module)
     except (ValueError, TypeError):  # not a model family hf.apply knows
         return
     if result.get("kernels"):
-        _applied(f"gpudiag.kernels.hf.apply({type(module).__name__}): {result['kernels']}")
+        _applied(f"gpudiag.fused.hf.apply({type(module).__name__}): {result['kernels']}")
 
 
 def _half_weights(module) -> None:

@@ -20,7 +20,7 @@ RULE_CHANGES = {
     "GD-STATIC-KV-CACHE": ("static-cache-compile", "static-cache"),
 }
 
-# Model classes gpudiag.kernels has fused kernels for (hf.apply, timm_swin.apply), as the report's
+# Model classes gpudiag.fused has fused kernels for (hf.apply, timm_swin.apply), as the report's
 # module table names them (module_class).
 KERNEL_MODELS = ("Llama", "Mistral", "Qwen2", "GPT2", "Bert", "SwinTransformer")
 
@@ -81,7 +81,7 @@ def blocked(change: str, report: dict, status: dict) -> str | None:
     if change == "cudnn-benchmark" and status.get("cudnn_benchmark"):
         return "the script already sets torch.backends.cudnn.benchmark"
     if change == "kernels" and not _kernel_model(report):
-        return "no model gpudiag.kernels has fused kernels for"
+        return "no model gpudiag.fused has fused kernels for"
     inference = report.get("inference")
     if change == "half-weights" and not inference:
         return "a training run: bf16 weights would drop the optimizer's fp32 master weights (use bf16-autocast)"

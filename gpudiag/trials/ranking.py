@@ -33,8 +33,8 @@ HOW_TO = {
     "tf32": "Allow TF32: `torch.backends.cuda.matmul.allow_tf32 = True` and `torch.backends.cudnn.allow_tf32 = True`.",
     "bf16-autocast": "Run the forward under `torch.autocast(\"cuda\", dtype=torch.bfloat16)`.",
     "cudnn-benchmark": "Set `torch.backends.cudnn.benchmark = True` (input shapes should stay fixed).",
-    "kernels": "Apply gpudiag's fused kernels: `gpudiag.kernels.hf.apply(model)` (timm Swin: "
-               "`gpudiag.kernels.timm_swin.apply(model)`).",
+    "kernels": "Apply gpudiag's fused kernels: `gpudiag.fused.hf.apply(model)` (timm Swin: "
+               "`gpudiag.fused.timm_swin.apply(model)`).",
     "half-weights": "Serve the model in bf16: `model.to(torch.bfloat16)`, with bf16 inputs.",
     "static-cache": "Use a static KV cache: `model.generation_config.cache_implementation = \"static\"`.",
     "static-cache-compile": "Use a static KV cache and let generate() compile the decoding step: "

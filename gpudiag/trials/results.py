@@ -59,7 +59,7 @@ def job_view(status: dict) -> dict:
     return view
 
 
-def math_path(autocast_dtype: str | None, change: str) -> str:
+def tolerance_class(autocast_dtype: str | None, change: str) -> str:
     """The loosest math path the trial ran: the script's autocast (as the profiled run recorded
     it: the bare runs do not hook forwards), the change's own (tf32, bf16)."""
     paths = {"bfloat16": "bf16", "float16": "fp16"}
@@ -186,7 +186,7 @@ def _check_results(out: dict, baseline: dict, trial: dict, change: str, comparab
     diff = loss_difference(baseline, trial) or output_difference(baseline, trial)
     if diff is None:
         return "ok"
-    tolerance = TOLERANCE[math_path(autocast_dtype, change)]
+    tolerance = TOLERANCE[tolerance_class(autocast_dtype, change)]
     diff["tolerance"] = tolerance
     out["result_difference"] = diff
     if comparable is False:

@@ -102,7 +102,7 @@ def _fill_gaps(out: list[Match], site_names: list[str], launched: set) -> list[M
     return out
 
 
-def resolve(match: Match, sites: list[dict], prefix: Prefix | None) -> tuple[str | None, str | None, str | None, str]:
+def resolve_site(match: Match, sites: list[dict], prefix: Prefix | None) -> tuple[str | None, str | None, str | None, str]:
     """(module path, module class, source line, how) of one matched launch; path None: unmapped."""
     recs = [sites[i] for i in match.sites]
     if not recs or any(r.get("module") is None for r in recs):
@@ -203,7 +203,7 @@ def attribute_compiled(kernels: pd.DataFrame, attribution: pd.DataFrame, nvtx: p
         key = (range_graph[c], tuple(run["name"]), prefixes.get(c))
         if key not in memo:
             matches = align_call(list(run["name"]), [s.get("name") for s in sites])
-            memo[key] = [resolve(m, sites, prefixes.get(c)) for m in matches]
+            memo[key] = [resolve_site(m, sites, prefixes.get(c)) for m in matches]
         for pos, (path, cls, source, how) in zip(run["pos"].to_numpy(), memo[key]):
             cols["compiled_mapping"][pos] = how
             cols["source_line"][pos] = source or ""

@@ -48,7 +48,7 @@ INDUCTOR_FUSABLE = re.compile(
     r"zeros|new_zeros|zeros_like|empty|new_empty|full|new_full|gather|scatter|scatter_add|scatter_reduce|"
     r"index_select|index_add|index_put|embedding|embedding_dense_backward)(\.|$|_)")
 
-# Pattern signatures of the reference kernels in gpudiag/kernels (a regex over the chain's op
+# Pattern signatures of the reference kernels in gpudiag/fused (a regex over the chain's op
 # names); only kernels that exist are listed, so a candidate never points at a missing one.
 # The first pattern that matches names the kernel, so the more specific ones come first.
 REFERENCE_PATTERNS: tuple[tuple[str, str], ...] = (

@@ -21,7 +21,7 @@ Model (issue 11, part 2):
   (``elementwise_kernel<nt, vt>``: grid x nt x vt; ``unrolled_elementwise_kernel``: grid x block x 4,
   ATen's thread_work_size; ``vectorized_elementwise_kernel``: grid x block x 8, the elements per thread
   of PyTorch 2.11's vectorized path, checked against the recorded shapes in
-  tests/test_kernel_sequence.py), times the operands (ATen's ``std::array<char *, N>`` of output and
+  tests/analysis/fusion/test_kernel_sequence.py), times the operands (ATen's ``std::array<char *, N>`` of output and
   input pointers; 2 if the name has none): one of the narrowest dtype named in the template
   arguments, the others of the widest (4 bytes if none is named): ``launch_config``. That, and any
   other kernel's estimate, is capped at the kernel's median duration at peak bandwidth, which no

@@ -4,7 +4,7 @@ without a detail step): fp32 on SIMT cores, TF32, fp16 or bf16 on tensor cores, 
 
 One data table, :data:`NAME_MATH_PATHS`, first match wins, matched case-insensitively against the
 demangled kernel name. Every pattern is backed by names recorded in real exports (tests/fixtures,
-examples/, H100/H200, cuBLAS 13, cuDNN 9, CUTLASS 2.x/3.x; tests/test_kernel_precision.py lists them):
+examples/, H100/H200, cuBLAS 13, cuDNN 9, CUTLASS 2.x/3.x; tests/analysis/roofline/test_kernel_precision.py lists them):
 
 - cuBLASLt ``nvjet_[sm90_]XYZ_...``: X is the input type; ``tst``/``tss`` in every bf16 capture,
   ``hsh`` in an fp16 one (``tiny_gemm_gelu``: ``c10::Half`` elementwise kernels around it);

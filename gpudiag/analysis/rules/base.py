@@ -20,7 +20,7 @@ import pandas as pd
 
 from gpudiag.analysis.attribution.families import kernel_label
 from gpudiag.analysis.roofline.peaks import DevicePeaks
-from gpudiag.reports.labels import distinct_labels
+from gpudiag.renderers.labels import distinct_labels
 
 
 @dataclass
@@ -88,7 +88,7 @@ def top_evidence(df: pd.DataFrame, n_steps: int, k: int = 3) -> list[str]:
     g = g.sort_values("ns", ascending=False).head(k)
     # Listed kernels that share a label (CUTLASS calls every GEMM "Kernel2") get the tokens of their
     # names that tell them apart among these k, the rule the report's tables apply to theirs
-    # (gpudiag.reports.labels).
+    # (gpudiag.renderers.labels).
     labels = distinct_labels({"top_kernels": [{"name": name, "label": kernel_label(name, row.short)}
                                               for name, row in g.iterrows()]})
     return [f"{labels[name]}: {row.ns / n_steps / 1e3:.0f} µs/step ({row.launches / n_steps:.0f} launches)"

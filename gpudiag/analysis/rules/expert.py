@@ -39,7 +39,7 @@ LAYOUT_MIN_SHARE = 0.05
 # transform input, backward reduce + element-wise), as a share of the datasheet peak: their op bytes
 # (cost model: inputs read once, outputs written once) over their time, measured on
 # tests/fixtures/zoo/resnet50_cl (ResNet-50 bf16 batch 64 training, H100 SXM: 7.0 GB/step in
-# 7.1 ms/step = 0.98 TB/s of 3.35 TB/s). tests/test_expert_rules.py recomputes it from the export.
+# 7.1 ms/step = 0.98 TB/s of 3.35 TB/s). tests/analysis/rules/test_expert.py recomputes it from the export.
 NHWC_BN_BANDWIDTH_SHARE = 0.29
 # Without op bytes (no op ranges): NHWC BatchNorm time / NCHW BatchNorm time, same two captures
 # (7.1 ms vs 15.1 ms per step).

@@ -4,7 +4,7 @@ Each rule's saving is a share of one kind of time in the step: kernel time of so
 idle while the host launches, idle before the step's first kernel, copy time. Two rules whose
 kinds of time meet (the same kernels, the same idle) claim part of the same time: the report says
 so in each recommendation's ``overlaps`` (the other rules' ids), and the invariant
-``additive_savings_within_the_step`` (:mod:`gpudiag.analysis.report.invariants`) checks that the savings
+``additive_savings_within_the_step`` (:mod:`gpudiag.analysis.findings.invariants`) checks that the savings
 of rules that do not overlap add up to no more than the step.
 
 Kinds of time are ``:``-separated paths; a kind meets itself, its parents and its children

@@ -1,6 +1,6 @@
 """How representative the profile is: step times under the profiler vs without it, and the
 overhead-bound numbers corrected for the difference (the comparison is here; the corrections, made
-after the rules, are :mod:`gpudiag.analysis.report.bare_run`).
+after the rules, are :mod:`gpudiag.analysis.findings.bare_run`).
 
 Tracing every CUDA API call costs host time (measured on the H200: a compiled HF BERT step
 23.8 ms bare, ~39 ms under ``nsys profile``; GPU-bound ResNet-50 steps ~1 %; shared/design.md). In

@@ -38,7 +38,7 @@ def is_inference(status: dict | None) -> bool:
     return status["step_mode"] in ("forward", "generate") or ("losses" in status and not status["losses"])
 
 
-def rule_context(status: dict | None) -> dict | None:
+def serving_context(status: dict | None) -> dict | None:
     """What the inference rules read (``RuleContext.inference``): the step mode and the stepping
     module's parameters (bytes, tensors, dtype); None for training runs and exports."""
     if not is_inference(status):
