@@ -17,7 +17,7 @@ still overlap the others'). Two ways to inject a straggler:
 - ``--inject late``: it arrives late at every collective, as a rank whose compute before the
   collective is slower does in a real job: each of its NCCL kernels starts ``--stretch - 1`` of
   the kernel's duration later and ends as before (the others wait for it; steps stay in lockstep),
-  found by the collectives' waits (the report's ``slowest``).
+  found by the collectives' waits (the report's ``straggler``).
 
 Prints the wall times (ingest, analysis), the
 peak RSS of each Dask worker process and of this (driver) process, and whether the injected
@@ -142,13 +142,13 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
     order = [r["pid"] for r in sorted(rows, key=lambda r: -(r["step_time_ns_median"] or 0))]
     pid_rank = {r["pid"]: i for i, r in enumerate(sorted(rows, key=lambda r: r["global_pid"]))}  # file order = rank
     by_step = sorted(pid_rank[p] for p in order[:len(slow)])
-    named = pid_rank.get(report["ranks"]["slowest"]["pid"]) if report["ranks"]["slowest"] else None
+    named = pid_rank.get(report["ranks"]["straggler"]["pid"]) if report["ranks"]["straggler"] else None
     errors = [r for r in rows if r.get("error")]
     return {"ranks": args.ranks, "workers": len(workers), "worker_memory_limit": args.worker_memory,
             "inject": args.inject, "injected_stragglers": slow, "slowest_by_median_step": by_step,
             "stragglers_found": by_step == slow if args.inject == "stretch" else named in slow,
-            "report_slowest_rank": named,
-            "slowest_text": (report["ranks"]["slowest"] or {}).get("text"),
+            "report_straggler_rank": named,
+            "straggler_text": (report["ranks"]["straggler"] or {}).get("text"),
             "rank_errors": len(errors), "make_exports_s": round(made_s, 1), "ingest_s": round(ingest_s, 1),
             "analyse_s": round(analyse_s, 1),
             "run_db_bytes": (folder / "run.sqlite").stat().st_size,

@@ -1,55 +1,42 @@
 """gpudiag as a library: ``gpudiag.load(path)`` analyses a capture (or reads a report) and returns a
-:class:`Run` whose tables are pandas DataFrames, for notebooks and tools (docs/api.md).
+:class:`Run` whose tables are pandas DataFrames, for notebooks and tools (docs/api.md);
+``gpudiag.profile(script)`` profiles a script as ``gpudiag profile`` does and returns its Run.
 
-It runs the same analysis as ``gpudiag report`` (:func:`gpudiag.cli.report.ingest_and_analyse`) and
-compares two runs as ``gpudiag gate`` does (:func:`gpudiag.cli.gate.gate_result`). Columns keep
+It is a face over the workflows of :mod:`gpudiag.app`: the same analysis as ``gpudiag report``
+(:func:`gpudiag.app.report.ingest_and_analyse`), the same comparison as ``gpudiag gate``
+(:func:`gpudiag.app.gate.gate_result`). Columns keep
 report.json's names, whose suffix is the unit: ``_ns`` nanoseconds, ``_bytes`` bytes, ``_percent``
 percent, ``flop`` floating-point operations; ``_per_step`` means per measured step (the mean over the
 steady-state steps). Polars users convert with ``polars.from_pandas(frame)`` (through Arrow).
 
 Errors a user can fix (a missing file, a file that is not an export, an invalid step regex, a
-capture without kernels) raise :class:`gpudiag.cli.errors.UserError` (also ``gpudiag.api.UserError``)
+capture without kernels) raise :class:`gpudiag.errors.UserError` (also ``gpudiag.UserError``)
 with one line naming the file and the fix, as the command line prints them.
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from gpudiag.cli.errors import UserError
-from gpudiag.cli.gate import gate_result, gated
-from gpudiag.cli.options import AnalysisOptions
-from gpudiag.cli.report import analysis_inputs, ingest_and_analyse
+from gpudiag.app import frames
+from gpudiag.app.gate import gate_result, gated, load_config
+from gpudiag.app.options import AnalysisOptions
+from gpudiag.app.report import analyse
+from gpudiag.errors import UserError
 
-__all__ = ["Run", "UserError", "load", "STEP_COLUMNS", "KERNEL_COLUMNS", "RECOMMENDATION_COLUMNS",
+__all__ = ["Run", "UserError", "load", "profile", "STEP_COLUMNS", "KERNEL_COLUMNS", "RECOMMENDATION_COLUMNS",
            "FUSION_COLUMNS", "RANK_COLUMNS"]
 
-# The documented columns of each frame, in order; a report may add more after them.
-STEP_COLUMNS = ("step", "step_time_ns", "busy_ns", "idle_ns", "kernels", "warmup", "detail", "measured", "outlier",
-                "compute_ns", "bandwidth_ns", "overhead_ns", "communication_ns", "host_bound_idle_ns", "other_idle_ns")
-KERNEL_COLUMNS = ("name", "short_name", "label", "family", "kernel_class", "evidence", "instances_per_step",
-                  "time_ns_per_step", "avg_ns", "med_ns", "share_of_kernel_time_percent", "intensity_flop_per_byte",
-                  "ridge_flop_per_byte", "efficiency")
-RECOMMENDATION_COLUMNS = ("rule_id", "title", "saving_ns_per_step", "saving_percent_of_step", "saving_estimated",
-                          "estimate", "evidence", "how_to_fix", "overlaps")
-FUSION_COLUMNS = ("ops", "occurrences_per_step", "modules", "chain_ns", "fused_floor_ns", "saving_ns_per_step",
-                  "external_bytes", "kernels_per_occurrence", "compile_fusable", "reference_kernel", "host_bound")
-RANK_COLUMNS = ("global_pid", "pid", "device_id", "rank", "local_rank", "measured_steps", "step_time_ns_median",
-                "step_time_ns_mean", "gpu_busy_percent", "compute_percent", "bandwidth_percent", "overhead_percent",
-                "communication_percent", "idle_percent", "communication_ns_per_step",
-                "exposed_communication_ns_per_step", "top_recommendation", "slower_than_fastest_percent", "error")
-
-
-def _frame(rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:
-    """``rows`` as a frame: the documented ``columns`` first (absent ones as missing values), then
-    any others the report has, in their order; no rows gives an empty frame with the columns."""
-    frame = pd.DataFrame(rows)
-    extra = [c for c in frame.columns if c not in columns]
-    return frame.reindex(columns=[*columns, *extra])
+# Each frame's columns, in order: its whole schema (columns and dtypes: gpudiag.app.frames, docs/api.md).
+STEP_COLUMNS = tuple(c.name for c in frames.STEPS)
+KERNEL_COLUMNS = tuple(c.name for c in frames.KERNELS)
+RECOMMENDATION_COLUMNS = tuple(c.name for c in frames.RECOMMENDATIONS)
+FUSION_COLUMNS = tuple(c.name for c in frames.FUSION_CANDIDATES)
+RANK_COLUMNS = tuple(c.name for c in frames.RANKS)
 
 
 class Run:
@@ -78,8 +65,10 @@ class Run:
         ``detail`` (the step with per-op ranges), ``measured`` (in the statistics) and ``outlier``;
         for measured steps the time split ``compute_ns``, ``bandwidth_ns``, ``overhead_ns``,
         ``communication_ns`` and the idle split ``host_bound_idle_ns``, ``other_idle_ns`` (missing
-        otherwise). A capture without step ranges is one step."""
-        return _frame(self.report["steps"].get("per_step") or [], STEP_COLUMNS)
+        otherwise), with ``launch_bound_idle_ns`` and ``host_compute_idle_ns`` where the host-bound
+        idle is split. A capture without step ranges is one step. Columns and dtypes:
+        :data:`gpudiag.app.frames.STEPS`."""
+        return frames.steps(self.report)
 
     @property
     def kernels(self) -> pd.DataFrame:
@@ -89,27 +78,30 @@ class Run:
         ``evidence`` (ncu, shapes or heuristic), ``instances_per_step``, ``time_ns_per_step``,
         ``avg_ns`` and ``med_ns`` per instance, ``share_of_kernel_time_percent``,
         ``intensity_flop_per_byte``, ``ridge_flop_per_byte`` and ``efficiency`` (of the roofline
-        bound, 0 to 1; missing where unknown)."""
-        return _frame(self.report.get("top_kernels") or [], KERNEL_COLUMNS)
+        bound, 0 to 1; missing where unknown). Dtypes: :data:`gpudiag.app.frames.KERNELS`."""
+        return frames.kernels(self.report)
 
     @property
     def recommendations(self) -> pd.DataFrame:
         """The recommendations, largest saving first (:data:`RECOMMENDATION_COLUMNS`): ``rule_id``
         (stable, e.g. GD-OVERHEAD-BOUND), ``title``, ``saving_ns_per_step`` (estimated),
         ``saving_percent_of_step``, ``saving_estimated``, ``estimate`` (how the saving is
-        estimated), ``evidence`` (list of sentences), ``how_to_fix``, ``overlaps`` (rule ids whose
-        savings count the same time)."""
-        return _frame(self.report.get("recommendations") or [], RECOMMENDATION_COLUMNS)
+        estimated), ``evidence`` (a JSON list of sentences), ``how_to_fix``, ``overlaps`` (a JSON
+        list of the rule ids whose savings count the same time), then the fields some rules and the
+        trials set (missing elsewhere): :data:`gpudiag.app.frames.RECOMMENDATIONS`."""
+        return frames.recommendations(self.report)
 
     @property
     def fusion_candidates(self) -> pd.DataFrame:
         """Chains of ops worth fusing into one kernel, largest saving first (:data:`FUSION_COLUMNS`):
-        ``ops`` (list of aten ops), ``occurrences_per_step``, ``modules``, ``chain_ns`` (one
+        ``ops`` (a JSON list of aten ops), ``occurrences_per_step``, ``modules`` (JSON list), ``chain_ns`` (one
         occurrence), ``fused_floor_ns`` (one fused occurrence at the bandwidth bound),
         ``saving_ns_per_step``, ``external_bytes`` (read and written by the fused kernel),
         ``kernels_per_occurrence``, ``compile_fusable``, ``reference_kernel`` (a gpudiag kernel that
-        does it, if any), ``host_bound``. Empty for a capture without per-op shapes."""
-        return _frame(self.report.get("fusion_candidates") or [], FUSION_COLUMNS)
+        does it, if any), ``host_bound``, ``example_shapes`` (a JSON list of the recorded inputs),
+        then the fields of kernel-sequence chains and of ``--verify``
+        (:data:`gpudiag.app.frames.FUSION_CANDIDATES`). Empty for a capture without per-op shapes."""
+        return frames.fusion_candidates(self.report)
 
     @property
     def ranks(self) -> pd.DataFrame:
@@ -119,12 +111,11 @@ class Run:
         ``step_time_ns_median``, ``step_time_ns_mean``, ``gpu_busy_percent``, the breakdown of its
         step as ``compute_percent``, ``bandwidth_percent``, ``overhead_percent``,
         ``communication_percent``, ``idle_percent``, ``communication_ns_per_step``,
-        ``exposed_communication_ns_per_step``, ``top_recommendation`` (rule id),
-        ``slower_than_fastest_percent``, ``error`` (why a rank could not be analysed)."""
-        rows = [{**{k: v for k, v in r.items() if k != "breakdown_percent"},
-                 **{f"{k}_percent": v for k, v in (r.get("breakdown_percent") or {}).items()}}
-                for r in (self.report.get("ranks") or {}).get("ranks") or []]
-        return _frame(rows, RANK_COLUMNS)
+        ``exposed_communication_ns_per_step``, ``op_calls_recorded``, ``top_recommendation`` (rule
+        id), ``bare_step_time_ns_median`` (without the profiler), ``slower_than_fastest_percent``,
+        ``straggler`` (the rank the others wait for: report.json's ``ranks.straggler``), ``error``
+        (why a rank could not be analysed). Dtypes: :data:`gpudiag.app.frames.RANKS`."""
+        return frames.ranks(self.report)
 
     def to_json(self, path: str | Path | None = None) -> str | Path:
         """report.json's text (what ``gpudiag report`` writes); written to ``path`` if given, which
@@ -157,63 +148,73 @@ class Run:
         are not comparable: other GPU, driver or torch (unless ``allow_different_hardware``), or no
         per-step samples."""
         from gpudiag.analysis.gate import GateConfig
-        from gpudiag.cli.gate import load_config
 
         gate_config = load_config(Path(config)) if config is not None else GateConfig()
         return gate_result(gated((self.report, self.source)), gated((other.report, other.source)), gate_config,
                            allow_different_hardware)
 
 
-def load(path: str | Path, *, ncu: str | Path | None = None, peaks: str | Path | None = None,
+def load(path: str | Path | Sequence[str | Path], *, ncu: str | Path | None = None, peaks: str | Path | None = None,
          steps_from: str | None = None, warmup_steps: int | None = None, top: int = 20) -> Run:
     """Analyse ``path`` as ``gpudiag report`` does and return the :class:`Run`, writing nothing.
 
-    ``path``: a run directory made by ``gpudiag profile`` (its own ncu report, calibration and
-    status are used), an nsys SQLite export (``.sqlite`` or ``.sqlite.xz``), or a report already
-    written: a ``report.json`` or a folder holding one and no export (read, not analysed again).
-    ``ncu``: an Nsight Compute report of the same workload (``.ncu-rep`` or ``.ncu-rep.xz``);
-    ``peaks``: a ``calibration.json`` of measured peaks; ``steps_from`` and ``warmup_steps`` as the
-    command's ``--steps-from`` and ``--warmup-steps``; ``top``: how many kernels the kernel table
-    keeps. The analysis of a large export takes as long as the command (seconds to minutes).
+    ``path``: what ``gpudiag report`` takes: a run directory made by ``gpudiag profile`` (its own
+    ncu report, calibration and status are used), an nsys SQLite export (``.sqlite`` or
+    ``.sqlite.xz``), or the exports of one job's ranks: a folder of exports, a glob string
+    (``"exports/rank*.sqlite"``) or a list of files; or a report already written: a ``report.json``
+    or a folder holding one and no export (read, not analysed again).
+    ``ncu``: an Nsight Compute report of the same workload (``.ncu-rep`` or ``.ncu-rep.xz``; one
+    export only); ``peaks``: a ``calibration.json`` of measured peaks; ``steps_from`` and
+    ``warmup_steps`` as the command's ``--steps-from`` and ``--warmup-steps``; ``top``: how many
+    kernels the kernel table keeps. The ranks of a job are analysed in a local process pool. The
+    analysis of a large export takes as long as the command (seconds to minutes).
 
     Raises :class:`UserError` (one line naming the file; ``exit_code`` as the command's) for a
-    missing path, a file that is neither an export nor a report, options given with a report
-    already written, an invalid ``steps_from``, or a capture that cannot be analysed.
+    missing path, a file that is neither an export nor a report, a pattern that matches nothing,
+    options given with a report already written, an invalid ``steps_from``, or a capture that
+    cannot be analysed.
     """
-    source = Path(path)
-    report_file = _written_report(source)
-    if report_file is not None:
-        if ncu is not None or peaks is not None or steps_from is not None or warmup_steps is not None:
-            raise UserError(f"{source}: a report already written cannot be analysed again with other options; "
-                            "pass the run directory or export instead")
-        return Run(_read_report(report_file), str(path))
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    if not paths:
+        raise UserError("no path given: pass a run directory, an nsys SQLite export, or a list of rank exports")
     options = AnalysisOptions(steps_from=steps_from, warmup_steps=warmup_steps)
-    inputs = analysis_inputs(source, options, Path(ncu) if ncu else None, Path(peaks) if peaks else None)
-    with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
-        result = ingest_and_analyse(inputs.export, Path(tmp) / "run.sqlite", options, inputs.status, inputs.ncu,
-                                    inputs.calibration, top)
-    return Run(result, str(path))
+    result = analyse([Path(p) for p in paths], options, Path(ncu) if ncu else None, Path(peaks) if peaks else None,
+                     top)
+    return Run(result, str(path) if len(paths) == 1 and isinstance(path, (str, Path)) else
+               ", ".join(str(p) for p in paths))
 
 
-def _written_report(source: Path) -> Path | None:
-    """The report.json ``source`` names: itself (a ``.json`` file), or the one in a folder without
-    an export; None for anything to analyse."""
-    from gpudiag.capture.run import SQLITE_NAME
+def profile(script: str | Path | None = None, *args: str, **options) -> Run:
+    """Profile ``script`` (a Python file) with ``args`` as ``gpudiag profile SCRIPT -- ARGS`` does
+    (bare run, capture over the step window, analysis, trials) and return the :class:`Run` of the
+    analysed run directory (its ``source``); the stages are printed as the command prints them.
 
-    if source.is_file() and source.suffix == ".json":
-        return source
-    if source.is_dir() and not (source / SQLITE_NAME).exists() and (source / "report.json").is_file():
-        return source / "report.json"
-    return None
+    ``options``, the command's options as keywords (defaults as the command's): ``module`` (run
+    ``python -m MODULE`` instead of a script), ``nproc_per_node``, ``run_dir`` (default
+    gpudiag-runs/<script>-<time>) and ``force``, ``nsys_path``, ``detail_step``, ``module_ranges``
+    and ``op_ranges`` (bools), ``analysis`` (False: capture only; the returned Run is then analysed
+    in memory), ``ncu``, ``ncu_top``, ``ncu_max_kernels``, ``bare_run``, ``steps`` (measured steps,
+    0 the whole script), ``run_to_end``, ``try_changes`` ("auto", "none" or "compile,tf32,...") and
+    ``try_budget_s`` (seconds), ``verify``, ``steps_from``, ``warmup_steps``. The script's exit
+    code (nonzero when it crashed: what was captured is still reported) is ``run.exit_code``.
 
+    Raises :class:`UserError` for an unknown option, a missing script or module, no nsys, a run
+    directory that exists (without ``force=True``), or a capture that cannot be analysed.
+    """
+    import dataclasses
 
-def _read_report(file: Path) -> dict:
-    """A report.json's content. Raises UserError when it is not one."""
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        data = None
-    if not isinstance(data, dict) or "schema_version" not in data or "steps" not in data:
-        raise UserError(f"{file}: not a gpudiag report.json; pass a run directory, an nsys SQLite export or the "
-                        "report.json gpudiag report wrote", exit_code=3)
-    return data
+    from gpudiag.app.inputs import read_report
+    from gpudiag.app.profile import ProfileRequest
+    from gpudiag.app.profile import profile as profile_workflow
+
+    known = [f.name for f in dataclasses.fields(ProfileRequest) if f.name not in ("script", "script_args")]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise UserError(f"gpudiag.profile: no option {unknown[0]!r}; the options are {', '.join(known)}")
+    request = ProfileRequest(Path(script) if script is not None else None, tuple(str(a) for a in args), **options)
+    run_dir, code = profile_workflow(request)
+    report_file = run_dir / "report.json"
+    run = Run(read_report(report_file), str(run_dir)) if report_file.is_file() else load(run_dir)
+    run.exit_code = code  #: the profiled script's exit code
+    return run
+

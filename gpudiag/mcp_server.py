@@ -1,8 +1,9 @@
 """gpudiag's analysis served to coding agents over the Model Context Protocol (``gpudiag mcp``).
 
-The tools are the library (:mod:`gpudiag.api`) with JSON answers: each reads a run directory, an
-nsys SQLite export (``.sqlite``/``.sqlite.xz``) or a report.json by path, analyses it as
-``gpudiag report`` does (once per file: later calls reuse the analysis while the file is unchanged)
+The tools are the workflows of :mod:`gpudiag.app` with JSON answers: each reads what ``gpudiag
+report`` takes (a run directory, an nsys SQLite export ``.sqlite``/``.sqlite.xz``, a report.json,
+or the exports of one job's ranks: a folder of them, a glob, a list of paths), analyses it as
+``gpudiag report`` does (once per file: later calls reuse the analysis while the files are unchanged)
 and answers with report.json's own records, so an agent sees the numbers the report shows. Units
 are in the key names (``_ns``, ``_bytes``, ``_percent``). A user error (a missing file, a file that
 is not an export) is the tool's error result, one line naming the file.
@@ -19,41 +20,50 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from gpudiag import __version__, api
+from gpudiag.app.gate import gate_result, gated
+from gpudiag.app.options import AnalysisOptions
+from gpudiag.app.report import analyse
+from gpudiag.errors import UserError
+from gpudiag.version import __version__
 
 INSTRUCTIONS = ("gpudiag diagnoses GPU bottlenecks of PyTorch runs from Nsight Systems captures. Find runs with "
-                "list_runs, then read_steps / read_kernels / read_recommendations on a path, and compare_runs to "
-                "gate a change. Times are ns per measured step unless a key says otherwise.")
+                "list_runs, then read_steps / read_kernels / read_recommendations / read_ranks on a path (or a "
+                "list of a job's rank exports), and compare_runs to gate a change. Times are ns per measured step "
+                "unless a key says otherwise.")
 # Captures to list: run directories hold this export; loose exports end so. run.sqlite is gpudiag's
 # own run database, not an export.
 EXPORT_SUFFIXES = (".sqlite", ".sqlite.xz")
 RUN_DATABASE = "run.sqlite"
 MAX_LISTED = 500
 
-_cache: dict[tuple, api.Run] = {}
+_cache: dict[tuple, dict] = {}
 _cache_lock = threading.Lock()
 
+Paths = str | list[str]  # one path (a run directory, an export, a report.json, a folder of rank exports, a glob) or several
 
-def _run(path: str, top: int = 20) -> api.Run:
-    """The analysed run at ``path`` (cached while the file's size and modification time hold).
-    Raises ToolError with gpudiag's one-line message for a user error."""
-    target = Path(path).expanduser()
+
+def _report(path: Paths, top: int = 20) -> dict:
+    """report.json's content of ``path`` (cached while every file's size and modification time
+    hold; a glob is analysed again each time). Raises ToolError with gpudiag's one-line message for
+    a user error."""
+    targets = [Path(p).expanduser() for p in ([path] if isinstance(path, str) else path)]
+    if not targets:
+        raise ToolError("no path given: pass a run directory, an nsys SQLite export, or a list of rank exports")
     try:
-        stat = target.stat()
-        key = (str(target.resolve()), stat.st_mtime_ns, stat.st_size, top)
+        key = (*((str(t.resolve()), t.stat().st_mtime_ns, t.stat().st_size) for t in targets), top)
     except OSError:
         key = None
     with _cache_lock:
         if key in _cache:
             return _cache[key]
     try:
-        run = api.load(target, top=top)
-    except api.UserError as exc:
+        report = analyse(targets, AnalysisOptions(steps_from=None, warmup_steps=None), top=top)
+    except UserError as exc:
         raise ToolError(exc.format_message()) from None
     if key is not None:
         with _cache_lock:
-            _cache[key] = run
-    return run
+            _cache[key] = report
+    return report
 
 
 def list_runs(folder: str) -> dict[str, Any]:
@@ -88,11 +98,11 @@ def _entry(path: Path, kind: str, export: Path | None) -> dict[str, Any]:
             "size_bytes": export.stat().st_size if export else None}
 
 
-def read_summary(path: str) -> dict[str, Any]:
+def read_summary(path: Paths) -> dict[str, Any]:
     """The run's headline: source, device, measured steps, step time (ns: mean, median, min,
     max), GPU busy percent, where the step's time goes (breakdown_percent: compute, bandwidth,
     overhead, communication, idle) and the report's warnings."""
-    report = _run(path).report
+    report = _report(path)
     steps = report["steps"]
     return {"path": path, "source": report.get("source"), "device": (report.get("device") or {}).get("name"),
             "steps_source": steps.get("source"), "measured_steps": steps.get("measured"),
@@ -100,49 +110,64 @@ def read_summary(path: str) -> dict[str, Any]:
             "breakdown_percent": report.get("breakdown_percent"), "warnings": report.get("warnings") or []}
 
 
-def read_steps(path: str) -> dict[str, Any]:
+def read_steps(path: Paths) -> dict[str, Any]:
     """The run's steps: how they were found (source, kind), counts (count, warmup_steps, measured,
     outliers), step_time_ns statistics over the measured steps, and per_step: one record per step
     (step, step_time_ns, busy_ns, idle_ns, kernels, warmup, detail, measured, outlier; for measured
     steps compute_ns, bandwidth_ns, overhead_ns, communication_ns, host_bound_idle_ns,
     other_idle_ns)."""
-    steps = _run(path).report["steps"]
+    steps = _report(path)["steps"]
     return {"path": path, **steps}
 
 
-def read_kernels(path: str, top: int = 20) -> dict[str, Any]:
+def read_kernels(path: Paths, top: int = 20) -> dict[str, Any]:
     """The ``top`` kernels by GPU time per measured step, longest first: name, short_name, label,
     family, kernel_class (compute, bandwidth, overhead...), evidence, instances_per_step,
     time_ns_per_step, avg_ns, med_ns, share_of_kernel_time_percent, intensity_flop_per_byte,
     ridge_flop_per_byte, efficiency."""
     if top < 1:
         raise ToolError(f"top={top}: pass a number of kernels of at least 1")
-    kernels = _run(path, top=max(top, 20)).report.get("top_kernels") or []
+    kernels = _report(path, top=max(top, 20)).get("top_kernels") or []
     return {"path": path, "kernels": kernels[:top]}
 
 
-def read_recommendations(path: str) -> dict[str, Any]:
+def read_recommendations(path: Paths) -> dict[str, Any]:
     """The run's recommendations, largest saving first: rule_id, title, saving_ns_per_step,
     saving_percent_of_step, estimate, evidence, how_to_fix, overlaps (rules counting the same time),
     and the fusion candidates (chains of ops worth fusing, with saving_ns_per_step)."""
-    report = _run(path).report
+    report = _report(path)
     return {"path": path, "recommendations": report.get("recommendations") or [],
             "fusion_candidates": report.get("fusion_candidates") or []}
 
 
-def compare_runs(baseline: str, candidate: str) -> dict[str, Any]:
+def compare_runs(baseline: Paths, candidate: Paths) -> dict[str, Any]:
     """gpudiag gate's verdict on ``candidate`` against ``baseline`` (default thresholds): verdict
     (pass, regression, ...), exit_code (0 pass, 1 regression), and per metric (step_time,
     gpu_busy_time, kernel_launches, family:*, module:* ...) the medians before and after, the
     relative change, the Mann-Whitney p_value and a verdict."""
-    base, cand = _run(baseline), _run(candidate)
+    from gpudiag.analysis.gate import GateConfig
+
+    base, cand = _report(baseline), _report(candidate)
     try:
-        return base.compare(cand)
-    except api.UserError as exc:
+        return gate_result(gated((base, str(baseline))), gated((cand, str(candidate))), GateConfig())
+    except UserError as exc:
         raise ToolError(exc.format_message()) from None
 
 
-TOOLS = (list_runs, read_summary, read_steps, read_kernels, read_recommendations, compare_runs)
+def read_ranks(path: Paths) -> dict[str, Any]:
+    """The job's ranks (a capture of several processes, or the exports of its ranks): ranks, one
+    record per process (global_pid, pid, device_id, rank, local_rank, measured_steps,
+    step_time_ns_median, step_time_ns_mean, gpu_busy_percent, breakdown_percent,
+    communication_ns_per_step, exposed_communication_ns_per_step, top_recommendation, error), and
+    straggler: the rank the others wait for (its global_pid, pid, rank and how much shorter its
+    step's communication waits are), or None. Empty ranks for a single process."""
+    section = _report(path).get("ranks") or {}
+    straggler = section.get("straggler", section.get("slowest"))  # report.json's older name of the field
+    return {"path": path, "ranks": section.get("ranks") or [], "straggler": straggler,
+            **{k: v for k, v in section.items() if k not in ("ranks", "straggler", "slowest")}}
+
+
+TOOLS = (list_runs, read_summary, read_steps, read_kernels, read_recommendations, read_ranks, compare_runs)
 
 
 def build_server() -> MCPServer:

@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 import sqlite_utils
 
-from gpudiag import __version__
+from gpudiag.version import __version__
 from gpudiag.sources.columnar import as_read_back
 
 SCHEMA_VERSION = 1

@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from gpudiag.cli.errors import INTERNAL_ERROR_MARK  # noqa: E402
+from gpudiag.errors import INTERNAL_ERROR_MARK  # noqa: E402
 from gpudiag.sources.nsys_sqlite import READ_COLUMNS  # noqa: E402
 # Small real exports keep a case under a second: tiny GEMM+GELU (22 kernels), ViT from the zoo.
 FIXTURES = {"tiny_gemm_gelu": ROOT / "tests" / "fixtures" / "tiny_gemm_gelu.sqlite.xz",

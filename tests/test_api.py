@@ -18,6 +18,7 @@ from gpudiag.api import KERNEL_COLUMNS, RANK_COLUMNS, RECOMMENDATION_COLUMNS, ST
 from gpudiag.cli.main import cli
 
 from conftest import EXPORTS, FIXTURES, ROOT
+from test_run import TRAIN_LOOP, fake_nsys  # noqa: F401 - the fake nsys fixture of the capture tests
 
 NAMES = ("input_pipeline_good", "input_pipeline_bad", "tiny_gemm_gelu")  # small real captures (H200)
 
@@ -134,3 +135,64 @@ def test_import_gpudiag_stays_light():
     proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import gpudiag"], capture_output=True, text=True,
                           cwd=ROOT, timeout=60)
     assert proc.returncode == 0 and "gpudiag" in proc.stderr and "pandas" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def rank_exports(tmp_path_factory):
+    """The two single-rank exports of one DDP job (split from the real 2-process capture
+    tests/fixtures/nccl/gpt_ddp_shm), alone in a folder, and gpudiag report's report.json of them."""
+    from multi_gpu_exports import split_ranks
+
+    scratch, folder = tmp_path_factory.mktemp("split"), tmp_path_factory.mktemp("rank-exports")
+    exports = [p.rename(folder / p.name) for p in split_ranks(FIXTURES / "nccl" / "gpt_ddp_shm" / "profile.sqlite.xz",
+                                                              scratch)]
+    out = tmp_path_factory.mktemp("rank-report")
+    assert cli_run("report", *exports, "-o", out, "--force").exit_code == 0
+    return exports, json.loads((out / "report.json").read_text())
+
+
+def test_load_takes_what_gpudiag_report_takes(rank_exports):
+    """A list of rank exports, their folder and a glob string give the job's ranks, as the
+    command's report.json has them (one row per rank, the same straggler)."""
+    exports, data = rank_exports
+    by_list = gpudiag.load(exports)
+    assert by_list.report["ranks"] == data["ranks"]
+    assert by_list.ranks["step_time_ns_median"].tolist() == [r["step_time_ns_median"] for r in data["ranks"]["ranks"]]
+    assert gpudiag.load(exports[0].parent).report["ranks"] == data["ranks"]
+    assert gpudiag.load(str(exports[0].parent / "rank*.sqlite")).report["ranks"] == data["ranks"]
+    assert by_list.source == ", ".join(str(p) for p in exports)
+
+
+def test_load_of_many_refuses_what_it_cannot_use(rank_exports, tmp_path):
+    exports, _ = rank_exports
+    with pytest.raises(UserError, match="the pattern matches none"):
+        gpudiag.load(str(tmp_path / "rank*.sqlite"))
+    with pytest.raises(UserError, match="ncu goes with one export"):
+        gpudiag.load(exports, ncu=tmp_path / "x.ncu-rep")
+    with pytest.raises(UserError, match="no path given"):
+        gpudiag.load([])
+
+
+def test_profile_returns_the_analysed_run_directory(tmp_path, fake_nsys, capsys):
+    """gpudiag.profile(script, *args, **options) is ``gpudiag profile``: the run directory it writes
+    holds the report the returned Run is (plumbing on CPU: the export is the fake nsys's fixture,
+    tests/capture/test_run.py), the script's arguments and exit code are kept, the stages printed."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_LOOP + "import sys\nassert sys.argv[1:] == ['--epochs', '1'], sys.argv\n"
+                      "for _ in range(3):\n    train_step()\n")
+    run_dir = tmp_path / "run"
+    run = gpudiag.profile(script, "--epochs", "1", run_dir=run_dir, nsys_path=str(fake_nsys), try_changes="none",
+                          bare_run=False)
+    assert isinstance(run, gpudiag.Run) and run.source == str(run_dir) and run.exit_code == 0
+    assert run.report == json.loads((run_dir / "report.json").read_text())
+    assert run.report["script"]["args"] == ["--epochs", "1"] and run.report["script"]["steps_completed"] == 3
+    printed = capsys.readouterr().out
+    assert "[1/3]" in printed and "[3/3]" in printed
+
+
+def test_profile_mistakes_are_one_line_errors(tmp_path, fake_nsys):
+    with pytest.raises(UserError, match="no option 'stepz'"):
+        gpudiag.profile(tmp_path / "train.py", stepz=3)
+    with pytest.raises(UserError, match="no such script") as info:
+        gpudiag.profile(tmp_path / "missing.py", nsys_path=str(fake_nsys))
+    assert info.value.exit_code == 2

@@ -31,6 +31,8 @@ def test_the_doc_has_the_walkthrough():
     code = "".join(c for c, _ in cells())
     for call in ("gpudiag.load(", ".steps", ".kernels", ".recommendations", ".compare(", ".to_html("):
         assert call in code, call
+    text = DOC.read_text(encoding="utf-8")  # documented, not run (they need rank exports, nsys and a GPU)
+    assert "gpudiag.load([" in text and "gpudiag.profile(" in text and "read_ranks(path)" in text
     assert sum(out is not None for _, out in cells()) >= 6
 
 

@@ -19,9 +19,9 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 from gpudiag.cli.main import cli  # noqa: E402
 from gpudiag.mcp_server import build_server  # noqa: E402
 
-from conftest import EXPORTS, ROOT  # noqa: E402
+from conftest import EXPORTS, FIXTURES, ROOT  # noqa: E402
 
-TOOLS = {"list_runs", "read_summary", "read_steps", "read_kernels", "read_recommendations", "compare_runs"}
+TOOLS = {"list_runs", "read_summary", "read_steps", "read_kernels", "read_recommendations", "read_ranks", "compare_runs"}
 
 
 def cli_run(*args):
@@ -109,3 +109,20 @@ def test_without_the_sdk_the_command_says_how_to_install_it(monkeypatch):
     result = CliRunner().invoke(cli, ["mcp"])
     assert result.exit_code == 2
     assert result.output == "Error: gpudiag mcp needs the Model Context Protocol SDK (mcp>=2): pip install 'gpudiag[mcp]'\n"
+
+
+def test_read_ranks_takes_a_jobs_rank_exports_as_a_list(tmp_path):
+    """read_ranks on the two single-rank exports of one DDP job (split from the real 2-process
+    capture), given as a list: the ranks table and the straggler of ``gpudiag report`` on the
+    same files (written independently, through the command)."""
+    from multi_gpu_exports import split_ranks
+
+    exports = [str(p) for p in split_ranks(FIXTURES / "nccl" / "gpt_ddp_shm" / "profile.sqlite.xz", tmp_path)]
+    assert cli_run("report", *exports, "-o", tmp_path / "out").exit_code == 0
+    data = json.loads((tmp_path / "out" / "report.json").read_text())["ranks"]
+    _, (ranks, single) = calls(build_server(), ("read_ranks", {"path": exports}),
+                               ("read_ranks", {"path": str(EXPORTS["input_pipeline_good"])}))
+    ranks = answer(ranks)
+    assert len(ranks["ranks"]) == 2 and ranks["ranks"] == data["ranks"]
+    assert ranks["straggler"] == data.get("straggler", data.get("slowest")) and ranks["straggler"] is not None
+    assert answer(single)["ranks"] == []  # one process: no ranks table

@@ -3,6 +3,7 @@ runs (in a fresh virtual environment), and the main-job commands work as written
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -65,3 +66,35 @@ def quickstart_text_before(command: str) -> list[str]:
     section = text[text.index("## Quickstart"):text.index("## Commands")]
     before = section[:section.index(command)]
     return [before.rsplit("```", 2)[-2].lower()] if before.count("```") >= 2 else [before.lower()]
+
+
+def _rule_table_script():
+    spec = importlib.util.spec_from_file_location("rule_table", ROOT / "scripts" / "rule_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_rule_table_is_generated_from_the_registry():
+    """The README's rule table is what scripts/rule_table.py makes from the rule registry: every id
+    a rule emits has its row (GD-TORCH-COMPILE and GD-FP32-UNDER-AUTOCAST were missing), none
+    more; after a change to the rules, run ``python scripts/rule_table.py``."""
+    script = _rule_table_script()
+    ids = script.rule_ids()
+    assert {"GD-TORCH-COMPILE", "GD-FP32-UNDER-AUTOCAST", "GD-CHANNELS-LAST", "GD-MEASURED"} <= set(ids)
+    in_readme = re.findall(r"^\| `(GD-[A-Z0-9-]+)` \|", script.readme_table(README.read_text()), flags=re.M)
+    assert in_readme == ids, "README.md's rule table drifted from the registry: run python scripts/rule_table.py"
+    assert script.readme_table(README.read_text()) == script.table()
+    assert script.main(["--check"]) == 0
+
+
+def test_rule_table_check_fails_on_a_drifted_readme(tmp_path, monkeypatch):
+    """A README whose table lacks a row fails the check (exit 1) and is rewritten whole."""
+    script = _rule_table_script()
+    drifted = README.read_text().replace(next(line for line in README.read_text().splitlines()
+                                              if line.startswith("| `GD-TORCH-COMPILE`")) + "\n", "")
+    monkeypatch.setattr(script, "README", tmp_path / "README.md")
+    script.README.write_text(drifted)
+    assert script.main(["--check"]) == 1
+    assert script.main([]) == 0 and script.main(["--check"]) == 0
+    assert script.README.read_text() == README.read_text()

@@ -15,6 +15,9 @@
   in no step.
 - ``call:package.module.function`` (:func:`wrap_call_target`): each call of that function.
 
+A step source of the step-boundary core (:mod:`gpudiag.capture.steps_core`): its boundaries go
+through :func:`~gpudiag.capture.steps_core.open_step` and :func:`~gpudiag.capture.steps_core.step_boundary`.
+
 Cost. Deciding needs every module call: the launcher's two global forward hooks call
 :meth:`CallSteps.pre` / :meth:`CallSteps.post`. Global hooks put PyTorch on its slow call path
 for every module (H100: with them, the MLP-Mixer's bf16-weights trial ran 9.0 ms per batch where the same change
@@ -32,7 +35,8 @@ import threading
 import time
 import weakref
 
-from gpudiag.capture import model_modules
+from gpudiag.capture import dynamo_stats, model_modules, steps_core
+from gpudiag.capture.steps_core import compiling as _compiling
 
 MAX_FORWARDS_PER_STEP = 4096  # forward starts kept per generate() step (one per new token)
 # Outermost model calls with an optimizer constructed and never stepped before auto mode takes the
@@ -117,12 +121,6 @@ def _generate_model():
     return None
 
 
-def _compiling() -> bool:
-    import torch
-
-    return torch.compiler.is_compiling()
-
-
 class CallSteps:
     """The call-step tracker of one launcher state (see the module docstring). ``mode``: "auto",
     "forward" or "generate"."""
@@ -201,8 +199,6 @@ class CallSteps:
         global ones, whose every-module-call cost (PyTorch's slow call path; see the module
         docstring for what it did to a trial on the H100) would be in the timed steps.
         Not once Dynamo has compiled: it guards on the global hook dicts (a second graph)."""
-        from gpudiag.capture import dynamo_stats
-
         if not self.state.config.bare or not self.state.module_hooks or dynamo_stats.compile_summary():
             return
         for handle in self.state.module_hooks:
@@ -279,16 +275,14 @@ class CallSteps:
 
     def boundary(self) -> None:
         """A step starts here: the open one ends (the first call opens step 0)."""
-        from gpudiag.capture import instrument
-
         state = self.state
-        if state.window.closed or not instrument.owns(state):  # a forked child: not gpudiag's process
+        if state.window.closed or not steps_core.owns(state):  # a forked child: not gpudiag's process
             return
         if state.step_index == -1:
             with state.lock:
-                instrument._open_step(state)
+                steps_core.open_step(state)
             return
-        instrument.step_boundary()
+        steps_core.step_boundary()
 
 
 def _wrap_generate(tracker: CallSteps) -> None:

@@ -5,6 +5,10 @@ It installs the NVTX instrumentation (:mod:`gpudiag.capture.instrument`), runs t
 ``__main__`` with the user's ``sys.argv``, and keeps the script's exit code. Whatever happens, it
 closes the open NVTX ranges and writes a status file (exit code, exception, steps seen) so that the
 profile of a crashed script is still exported and reported.
+
+A trial's change (``CaptureConfig.trial``) is applied here, before the script runs, through the
+registry of :mod:`gpudiag.capture.trial_changes`, which the modules named in
+``CaptureConfig.change_modules`` fill when imported by name: capture never imports the trials.
 """
 
 from __future__ import annotations
@@ -88,8 +92,9 @@ def _instrument_children(config_json: str, status_path: str, module: str | None)
     return ranks_dir
 
 
-def _finish_status(status: dict, config, code: int, ranks_dir: str | None, path: str) -> None:
-    """Close the capture and write the status (exit code, steps, trials, ranks) to ``path``."""
+def _finish_status(status: dict, config, code: int, ranks_dir: str | None, path: str, change=None) -> None:
+    """Close the capture and write the status (exit code, steps, trials, ranks) to ``path``.
+    ``change``: the trial's change installed in this process (a ``trial_changes.Change``), or None."""
     from gpudiag.capture import inductor_provenance, instrument
 
     try:
@@ -104,10 +109,8 @@ def _finish_status(status: dict, config, code: int, ranks_dir: str | None, path:
     status.update(instrument.finish())
     if config.module_ranges:
         status["inductor_provenance"] = inductor_provenance.collect()
-    if config.trial:
-        from gpudiag.trials import changes
-
-        status["trial"] = changes.summary()
+    if change is not None:
+        status["trial"] = change.summary()
     if ranks_dir:
         status["ranks"] = rank_hook.collect(ranks_dir) or None
     status["exit_code"] = code
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
 
-    from gpudiag.capture import inductor_provenance, instrument
+    from gpudiag.capture import inductor_provenance, instrument, trial_changes
 
     config = instrument.CaptureConfig.from_json(ns.config)
     path = module_file(ns.script) if ns.module else ns.script
@@ -142,10 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         status.update(exit_code=2, exception=f"ValueError: {exc}")
         _write_status(ns.status, status)
         return 2
+    change = None
     if config.trial:  # a trial run: the change is applied here, in the user's process, before the script runs
-        from gpudiag.trials import changes
-
-        changes.install(config.trial, state)
+        change = trial_changes.install(config, state)  # registered by config.change_modules (trial_changes)
     if config.module_ranges:  # compiled kernels back to modules: only where module ranges are wanted
         inductor_provenance.install(state.nvtx)
 
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
     finally:
         if os.getpid() == launcher_pid:  # not in a child the script forked (os.fork) that ended through here
-            _finish_status(status, config, code, ranks_dir, ns.status)
+            _finish_status(status, config, code, ranks_dir, ns.status, change)
     return code
 
 

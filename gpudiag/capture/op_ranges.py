@@ -99,7 +99,9 @@ def out_range_text(out) -> str:
     return nvtx_names.OUT + json.dumps(describe_value(out), separators=(",", ":"))
 
 
-def _make_op_mode(nvtx):
+def make_op_mode(nvtx):
+    """A ``TorchDispatchMode`` that emits one NVTX range per aten op through ``nvtx`` (the backend
+    above), entered on the detail step only (:func:`gpudiag.capture.steps_core.start_op_ranges_if_detail`)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class OpRanges(TorchDispatchMode):

@@ -1,12 +1,13 @@
 """Instrumenting the ranks of a multi-process job (issue 22), from inside each worker process.
 
 The launcher (:mod:`gpudiag.capture.launch`) sets, for the processes its command starts:
-``GPUDIAG_CHILD_CONFIG`` (the :class:`~gpudiag.capture.instrument.CaptureConfig` as JSON),
+``GPUDIAG_CHILD_CONFIG`` (the :class:`~gpudiag.capture.config.CaptureConfig` as JSON),
 ``GPUDIAG_CHILD_STATUS_DIR`` (where each rank writes ``rank<RANK>.json``) and puts
 ``gpudiag/capture/child_site`` first on ``PYTHONPATH``. A worker (``RANK`` set) installs the same
 instrumentation as a single-process script and writes its status at exit: rank, local rank, world
 size, pid, steps and step times. Its own children (DataLoader workers) are left alone: the variable
-is removed once read.
+is removed once read. A trial's change is installed in each rank as in the launcher, through
+:mod:`gpudiag.capture.trial_changes` (the config names the modules that register the changes).
 """
 
 from __future__ import annotations
@@ -100,16 +101,15 @@ def _script_source() -> str:
 def install_from_environment() -> None:
     """In a worker: install the instrumentation with the launcher's config and write this rank's
     status at exit. Raises ValueError for a bad config (the hook reports it and runs on)."""
-    from gpudiag.capture import instrument
+    from gpudiag.capture import instrument, trial_changes
 
     config = instrument.CaptureConfig.from_json(os.environ.pop(ENV_CONFIG))
     status_dir = os.environ.pop(ENV_STATUS_DIR, None)
     os.environ.pop(ENV_EVERY_CHILD, None)
     state = instrument.install(config, _script_source())
+    change = None
     if config.trial:  # a trial run under a launcher: the change acts in each rank, where the model is
-        from gpudiag.trials import changes
-
-        changes.install(config.trial, state)
+        change = trial_changes.install(config, state)  # registered by config.change_modules (trial_changes)
     status = {"pid": os.getpid(), **rank_ids(), "script": os.path.basename(sys.argv[0] if sys.argv else ""),
               "started_unix_s": time.time(), "exception": None}
     previous_hook = sys.excepthook
@@ -124,8 +124,8 @@ def install_from_environment() -> None:
         if os.getpid() != status["pid"]:  # a child forked from the rank that exits through atexit: not a rank
             return
         status.update(instrument.finish())
-        if config.trial:
-            status["trial"] = changes.summary()
+        if change is not None:
+            status["trial"] = change.summary()
         status["ended_unix_s"] = time.time()
         if status_dir:
             os.makedirs(status_dir, exist_ok=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gpudiag.capture import ncu as ncu_mod
 from gpudiag.capture import nsys
-from gpudiag.capture.instrument import CaptureConfig
+from gpudiag.capture.config import CaptureConfig
 from gpudiag.capture.toolrun import Interrupted, run_logged
 
 REPORT_BASE = "profile"

@@ -1,14 +1,14 @@
 """The user's own NVTX ranges as steps (``--steps-from nvtx:REGEX``, or in auto mode ranges named
 ``step N``/``iteration N`` when no optimizer step comes first): wraps ``torch.cuda.nvtx.range_push``
 and ``range_pop`` (``torch.cuda.nvtx.range`` goes through them) to time each step range, open the
-capture range and the detail step's op ranges, and end the window. Part of
-:mod:`gpudiag.capture.instrument`, whose state it reads."""
+capture range and the detail step's op ranges, and end the window. A step source of the
+step-boundary core (:mod:`gpudiag.capture.steps_core`), installed by :mod:`gpudiag.capture.instrument`."""
 
 from __future__ import annotations
 
 import time
 
-from gpudiag.capture import instrument
+from gpudiag.capture import steps_core
 
 
 def _user_steps(state) -> bool:
@@ -24,7 +24,7 @@ def _user_steps(state) -> bool:
         if state.step_range is not None:
             state.nvtx.end(state.step_range)
             state.step_range = None
-        instrument._stop_op_ranges(state)
+        steps_core.stop_op_ranges(state)
         state.step_index = -1
         state.step_mode = "nvtx"
     return True
@@ -39,7 +39,7 @@ def wrap_user_nvtx(state, torch) -> None:
     depth = [0]
 
     def range_push(msg):
-        is_step = (instrument.owns(state) and not state.window.closed and bool(state.step_regex.search(str(msg)))
+        is_step = (steps_core.owns(state) and not state.window.closed and bool(state.step_regex.search(str(msg)))
                    and _user_steps(state))
         if is_step:
             state.window.step_opening(state.step_index + 1)  # the capture range opens before the range
@@ -47,21 +47,20 @@ def wrap_user_nvtx(state, torch) -> None:
         depth[0] += 1
         if is_step:
             state.step_index += 1
-            for callback in state.step_open_callbacks:
-                callback(state.step_index)
+            steps_core.announce_step(state)
             state.step_start_ns[state.step_index] = time.perf_counter_ns()
-            instrument._record_event(state.step_start_event, state.step_index)
+            steps_core.record_event(state.step_start_event, state.step_index)
             depth_of_step.append(depth[0])
-            instrument._start_op_ranges_if_detail(state)
+            steps_core.start_op_ranges_if_detail(state)
         return result
 
     def range_pop():
         done = False
-        if depth_of_step and depth_of_step[-1] == depth[0] and instrument.owns(state):  # not in a forked child
+        if depth_of_step and depth_of_step[-1] == depth[0] and steps_core.owns(state):  # not in a forked child
             depth_of_step.pop()
             state.step_end_ns[state.step_index] = time.perf_counter_ns()
-            instrument._record_event(state.step_end_event, state.step_index)
-            instrument._stop_op_ranges(state)
+            steps_core.record_event(state.step_end_event, state.step_index)
+            steps_core.stop_op_ranges(state)
             state.steps_completed += 1
             done = state.window.step_closed(state.step_index)
         depth[0] -= 1

@@ -29,7 +29,7 @@ class WindowComplete(SystemExit):
 class Window:
     """Per-process window bookkeeping, driven by the instrumentation's step boundaries.
 
-    ``config``: the run's :class:`~gpudiag.capture.instrument.CaptureConfig` (``warmup_steps``,
+    ``config``: the run's :class:`~gpudiag.capture.config.CaptureConfig` (``warmup_steps``,
     ``window_steps``, ``run_to_end``, ``capture_range``)."""
 
     MAX_LOSSES = 1000  # a --steps 0 run of a long script keeps at most this many loss tensors

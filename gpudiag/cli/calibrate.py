@@ -6,8 +6,7 @@ import json
 
 import click
 
-from gpudiag.capture import calibrate as calib
-from gpudiag.cli.errors import UserError
+from gpudiag.app.calibrate import calibrate as calibrate_workflow
 
 
 @click.command()
@@ -25,20 +24,11 @@ def calibrate(force: bool, as_json: bool) -> None:
         gpudiag calibrate
         gpudiag calibrate --force --json
     """
-    try:
-        import torch
-    except ImportError:
-        raise UserError("gpudiag calibrate needs PyTorch with CUDA on the GPU machine: pip install torch") from None
-    if not torch.cuda.is_available():
-        raise UserError("no CUDA GPU visible to PyTorch: run gpudiag calibrate on the GPU machine")
-    name = torch.cuda.get_device_name(0)
-    cached = None if force else calib.lookup(name, calib.driver_version())
-    entry = cached or calib.measure(echo=(lambda _: None) if as_json else click.echo)
-    if cached is None:
-        path = calib.save(entry)
-        if not as_json:
-            click.echo(f"saved: {path}")
-    elif not as_json:
-        click.echo(f"cached calibration of {name} (driver {entry.get('driver_version')}); --force measures again")
+    entry, saved = calibrate_workflow(force, echo=(lambda _: None) if as_json else click.echo)
     if as_json:
         click.echo(json.dumps(entry, indent=1))
+    elif saved is not None:
+        click.echo(f"saved: {saved}")
+    else:
+        click.echo(f"cached calibration of {entry.get('gpu')} (driver {entry.get('driver_version')}); "
+                   "--force measures again")

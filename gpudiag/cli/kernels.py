@@ -1,4 +1,4 @@
-"""``gpudiag kernels``: the bundled reference fused kernels."""
+"""``gpudiag kernels``: the bundled reference fused kernels (the workflow is :mod:`gpudiag.app.kernels`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import click
 
-from gpudiag.cli.errors import UserError
+from gpudiag.app import kernels as kernels_app
 
 
 @click.group()
@@ -22,16 +22,8 @@ def list_kernels() -> None:
     Example:
         gpudiag kernels list
     """
-    from gpudiag.analysis.fusion.dataflow import REFERENCE_PATTERNS
-
-    try:
-        from gpudiag.fused.registry import kernels as registry
-
-        shapes = {name: k.shape_doc for name, k in registry().items()}
-    except ImportError:  # listing needs no Triton
-        shapes = {}
-    for name, pattern in REFERENCE_PATTERNS:
-        click.echo(f"{name:25s} --shape {shapes.get(name, '?'):22s} {pattern}")
+    for name, shape, pattern in kernels_app.list_kernels():
+        click.echo(f"{name:25s} --shape {shape:22s} {pattern}")
 
 
 @kernels.command("bench")
@@ -51,36 +43,7 @@ def bench_cmd(name: str, shapes: tuple[str, ...], dtype: str, backward: bool, as
 
     Without --shape, the kernel's first benchmark shape is timed.
     """
-    try:
-        import torch
-
-        from gpudiag.fused.bench import bench
-        from gpudiag.fused.registry import kernels as registry
-
-        available = registry()
-    except ImportError as exc:
-        raise UserError(f"gpudiag kernels needs PyTorch and Triton on the GPU machine ({exc}): pip install torch triton") from None
-    if name not in available:
-        raise UserError(f"no reference kernel {name!r}; available: {', '.join(sorted(registry()))}")
-    kernel = available[name]
-    shapes = shapes or (",".join(map(str, kernel.bench_shapes[0])),)
-    # "WINDOWS,HEADS,N[,NW]": the dimensions in brackets may be left out
-    required, optional = kernel.shape_doc.split("[")[0].strip(",").split(","), kernel.shape_doc.count("[")
-    try:
-        parsed = [tuple(int(v) for v in s.split(",")) for s in shapes]
-    except ValueError:
-        parsed = []
-    if not parsed or any(not len(required) <= len(p) <= len(required) + optional or min(p) < 1 for p in parsed):
-        raise UserError(f"--shape {', '.join(shapes)}: {name} takes {kernel.shape_doc}, "
-                        f"e.g. --shape {','.join(map(str, kernel.bench_shapes[0]))}")
-    if not torch.cuda.is_available():
-        raise UserError("gpudiag kernels bench needs a CUDA GPU: run it on the GPU machine")
-    try:
-        results = [bench(name, shape, getattr(torch, dtype), backward) for shape in parsed]
-    except ValueError as exc:  # the kernel refuses the shape (e.g. a Swin grid that is not whole windows)
-        raise UserError(f"--shape {', '.join(shapes)}: {exc}") from None
-    except torch.OutOfMemoryError:
-        raise UserError(f"--shape {', '.join(shapes)}: out of GPU memory; try a smaller shape") from None
+    results = kernels_app.bench(name, shapes, dtype, backward)
     if as_json:
         click.echo(json.dumps(results, indent=1))
         return

@@ -1,20 +1,21 @@
 """The ``gpudiag`` command group. Each command lives in its own module and stays thin: parse
-options, call the stages, print, choose the exit code."""
+options, call the workflow (:mod:`gpudiag.app`), print, choose the exit code."""
 
 from __future__ import annotations
 
 import click
 
-from gpudiag import __version__
 from gpudiag.cli import calibrate as calibrate_cmd
 from gpudiag.cli import gate as gate_cmd
 from gpudiag.cli import kernels as kernels_cmd
 from gpudiag.cli import mcp as mcp_cmd
 from gpudiag.cli import profile as profile_cmd
 from gpudiag.cli import report as report_cmd
+from gpudiag.cli.errors import Group
+from gpudiag.version import __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpudiag")
 def cli() -> None:
     """GPU profiling and bottleneck diagnosis for PyTorch.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpudiag.cli.errors import UserError
+from gpudiag.errors import UserError
 
 INSTALL = "pip install 'gpudiag[mcp]'"
 
@@ -14,8 +14,9 @@ def mcp() -> None:
     """Serve gpudiag's analysis to coding agents over MCP, on stdin/stdout.
 
     Tools: list_runs(folder), read_summary(path), read_steps(path), read_kernels(path, top),
-    read_recommendations(path), compare_runs(baseline, candidate). A path is a run directory, an
-    nsys SQLite export (.sqlite, .sqlite.xz) or a report.json; answers are report.json's records.
+    read_recommendations(path), read_ranks(path), compare_runs(baseline, candidate). A path is what
+    gpudiag report takes: a run directory, an nsys SQLite export (.sqlite, .sqlite.xz), a report.json,
+    a folder of rank exports, a glob, or a list of exports; answers are report.json's records.
     Needs the mcp SDK: pip install 'gpudiag[mcp]'.
 
     \b

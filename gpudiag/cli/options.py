@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
 
 import click
 
-
-@dataclass
-class AnalysisOptions:
-    steps_from: str | None  # None: gpudiag's step ranges, else user ranges named step/iteration
-    warmup_steps: int | None  # None: the run's own setting (its status file), else 2
-    # Where the ranks of a several-process job are analysed (gpudiag.analysis.ranks.engine):
-    dask: bool = False  # on Dask (a local cluster, or the scheduler's) if installed; else a process pool
-    scheduler: str | None = None  # a dask.distributed scheduler's address; None: a local cluster
-    worker_memory: str | None = None  # a local Dask worker's memory limit; None: the engine's default
+from gpudiag.app.options import DEFAULT_WORKER_MEMORY, AnalysisOptions
 
 
 def analysis_options(func):
@@ -37,7 +28,6 @@ def analysis_options(func):
     return wrapper
 
 
-DEFAULT_WORKER_MEMORY = "4GiB"  # the same as gpudiag.analysis.ranks.engine's (not imported: --help stays fast)
 _BYTES = re.compile(r"^\s*\d+(\.\d+)?\s*([kmgtp]i?b?|b)?\s*$", re.IGNORECASE)
 
 

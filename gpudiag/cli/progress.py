@@ -38,28 +38,3 @@ def stage_display(echo=click.echo, terminal: bool | None = None):
         console.print(Text(f"{short}: done in {time.monotonic() - start:.1f} s", style="dim"))
 
     return stage
-
-
-class StageTracker:
-    """A ``stage(text)`` factory that remembers which stage ``gpudiag profile`` is in (``name``) and
-    whether it is still running, for the interrupted marker."""
-
-    def __init__(self, stage_factory) -> None:
-        self.name, self.running = "setup", True
-        self._factory = stage_factory
-
-    @contextmanager
-    def __call__(self, text: str):
-        self.name, self.running = stage_name(text), True
-        with self._factory(text):
-            yield
-        self.running = False
-
-
-def stage_name(text: str) -> str:
-    """A stage's name from its line: '[1/3] profiling x' -> 'profiling', '[bare] timing x' -> 'bare
-    timing', '[ncu] re-analysing x' -> 'ncu re-analysing'."""
-    tag, _, rest = text.partition("] ")
-    tag = tag.lstrip("[")
-    word = rest.split(" ", 1)[0]
-    return f"{tag} {word}" if tag.isalpha() else word

@@ -20,7 +20,11 @@ import plotly.offline
 
 from gpudiag.renderers import units
 from gpudiag.renderers.labels import chain_summary, shorten, with_distinct_labels
+from gpudiag.renderers.terminal import overlap_pairs
 
+# A kernel label in a table row is cut (in the middle) to this many characters; its details hold the
+# whole name, as report.json does.
+SUMMARY_WIDTH = 200
 CLASS_COLORS = {"compute": "#4c78a8", "bandwidth": "#f58518", "overhead": "#e45756", "idle": "#bab0ac"}
 
 
@@ -93,8 +97,16 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters.update(ns=units.fmt_ns, pct=units.fmt_pct, num=units.fmt_num, bytes=units.fmt_bytes, code=code_spans,
-                       evidence=evidence_text, chain=chain_summary)
+                       evidence=evidence_text, chain=chain_summary, overlap_pairs=overlap_pairs,
+                       short=lambda label: shorten(label, SUMMARY_WIDTH))
     return env
+
+
+def plotly_text(text: str) -> str:
+    """``text`` for a plotly label or hover text: ``&``, ``<`` and ``>`` escaped, since plotly turns
+    <b>, <a href>, <br> in labels into SVG elements (and shows entities as text); quotes are left as
+    they are, since plotly shows ``&quot;`` as it is written, and with ``<`` escaped no tag can hold them."""
+    return html.escape(text, quote=False)
 
 
 def _figure_html(fig: go.Figure) -> str:
@@ -121,7 +133,7 @@ def top_kernels_chart(result: dict, top: int = 10) -> str:
     fig = go.Figure(go.Bar(
         x=[k["time_ns_per_step"] / 1e3 for k in kernels],
         # escaped: plotly turns <b>, <a href>, <br> in labels into SVG elements (entities show as text)
-        y=[html.escape(f"{i}. {shorten(k['label'], 60)}") for i, k in zip(range(len(kernels), 0, -1), kernels)],
+        y=[plotly_text(f"{i}. {shorten(k['label'], 60)}") for i, k in zip(range(len(kernels), 0, -1), kernels)],
         orientation="h", marker_color=[CLASS_COLORS.get(k["kernel_class"], "#888") for k in kernels],
         hovertext=[f"{k['family']} · {k['kernel_class']} ({k['evidence']})" for k in kernels]))
     fig.update_layout(height=40 + 28 * len(kernels), margin=dict(l=10, r=10, t=30, b=40),  # pragma: no mutate
@@ -157,7 +169,7 @@ def roofline_chart(result: dict) -> str:
             x=[p["intensity_flop_per_byte"] for p in mine], y=[p["achieved_flop_per_s"] for p in mine], mode="markers",
             name=cls, marker=dict(color=color, size=[6 + 30 * math.sqrt(p["time_ns_per_step"] / biggest) for p in mine],
                                   line=dict(width=0.5, color="#333"), opacity=0.75),  # pragma: no mutate
-            hovertext=[html.escape(f"{shorten(p['label'], 80)} | AI {p['intensity_flop_per_byte']:.3g} FLOP/byte | "
+            hovertext=[plotly_text(f"{shorten(p['label'], 80)} | AI {p['intensity_flop_per_byte']:.3g} FLOP/byte | "
                                    f"{p['achieved_flop_per_s'] / 1e12:.3g} TFLOP/s, {p['achieved_bytes_per_s'] / 1e9:.3g} GB/s | "
                                    f"{units.fmt_ns(p['time_ns_per_step'])}/step | {p['math_path']} | evidence {p['evidence']}")
                        for p in mine], hoverinfo="text")
@@ -174,7 +186,7 @@ def trials_chart(result: dict) -> str:
     trials = [t for t in result.get("trials") or [] if t.get("saving_ns") is not None]
     if not trials:
         return ""
-    labels = [html.escape(t["change"]) for t in trials]  # plotly renders markup in labels
+    labels = [plotly_text(t["change"]) for t in trials]  # plotly renders markup in labels
     saving = [t["saving_ns"] / 1e6 for t in trials]
     ci = [t.get("saving_ci_ns") or [t["saving_ns"], t["saving_ns"]] for t in trials]
     fig = go.Figure()

@@ -6,10 +6,32 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpudiag.renderers.labels import with_distinct_labels
+from gpudiag.renderers.labels import shorten, with_distinct_labels
 from gpudiag.renderers.units import fmt_ns, fmt_pct
 
 FUSION_TOP = 3  # a summary: the HTML report lists all ten candidates
+# A kernel name or chain is shown in at most this many characters, cut in the middle (report.json
+# keeps it whole): a 10 MB name took 323 s to wrap into the fusion table. Ids and verdicts are never cut.
+NAME_WIDTH = 120
+
+
+def widest_word(cells) -> int:
+    """The length of the longest space-separated word in ``cells``: the width below which a
+    column would cut a word (an id, a verdict) instead of wrapping between words."""
+    return max((len(w) for c in cells for w in str(c).split()), default=0)
+
+
+def whole_column(table: Table, header: str, cells, **kwargs) -> None:
+    """Add a column whose words (rule ids, classes, verdicts) are never cut: at least as wide as
+    its longest word, however narrow the output (80 columns when it is not a terminal). The table
+    is then printed with :func:`print_whole`, which lets a line run past the width rather than crop it."""
+    table.add_column(header, min_width=widest_word(cells), **kwargs)
+
+
+def print_whole(console: Console, table: Table) -> None:
+    """Print ``table`` without cropping lines at the console's width (a table that holds
+    :func:`whole_column` columns can be wider than a narrow console)."""
+    console.print(table, crop=False)
 
 
 def render(result: dict, console: Console | None = None, top: int = 5) -> None:
@@ -41,13 +63,16 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
     render_compiled(result, console)
     kernels = Table(title=f"top {top} kernels (per measured step)", show_header=True, header_style="bold")
     kernels.add_column("kernel", overflow="ellipsis", max_width=60)
-    for col in ("time/step", "share", "class", "evidence"):
+    shown = result["top_kernels"][:top]
+    for col in ("time/step", "share"):
         kernels.add_column(col, justify="right")
-    for k in result["top_kernels"][:top]:
-        kernels.add_row(Text(k["label"]),  # Text: names hold "[" that markup would eat
+    whole_column(kernels, "class", [k["kernel_class"] for k in shown], justify="right")
+    whole_column(kernels, "evidence", [k["evidence"] for k in shown], justify="right")
+    for k in shown:
+        kernels.add_row(Text(shorten(k["label"], NAME_WIDTH)),  # Text: names hold "[" that markup would eat
                         fmt_ns(k["time_ns_per_step"]),
                         fmt_pct(k["share_of_kernel_time_percent"]), k["kernel_class"], k["evidence"])
-    console.print(kernels)
+    print_whole(console, kernels)
     render_recommendations(result, console)
     render_fusion(result, console)
 
@@ -69,15 +94,15 @@ def render_recommendations(result: dict, console: Console, title: str = "recomme
     recs = result.get("recommendations") or []
     if recs:
         table = Table(title=title, show_header=True, header_style="bold")
-        table.add_column("rule")
+        rows = [(rec["rule_id"], rec["title"], "not predicted" if rec.get("predicted") is False else saving_text(rec),
+                 trial_saving_text(rec, result.get("trials") is not None)) for rec in recs[:5]]
+        whole_column(table, "rule", [r[0] for r in rows], no_wrap=True)
         table.add_column("what", overflow="fold", max_width=60)
-        table.add_column("predicted/step", justify="right")
-        table.add_column("measured (trial)", justify="right")
-        for rec in recs[:5]:
-            predicted = "not predicted" if rec.get("predicted") is False else saving_text(rec)
-            table.add_row(Text(rec["rule_id"]), Text(rec["title"]), predicted,
-                          Text(trial_saving_text(rec, result.get("trials") is not None)))
-        console.print(table)
+        whole_column(table, "predicted/step", [r[2] for r in rows], justify="right")
+        whole_column(table, "measured (trial)", [r[3] for r in rows], justify="right")
+        for rule_id, what, predicted, measured in rows:
+            table.add_row(Text(rule_id), Text(what), predicted, Text(measured))
+        print_whole(console, table)
         pairs = overlap_pairs(recs[:5])
         if pairs:
             console.print(Text("not to be added up (they count the same time): " + "; ".join(pairs)), highlight=False)
@@ -134,8 +159,10 @@ def render_trials(result: dict, console: Console | None = None) -> None:
         return
     unit = "requests" if result.get("inference") else "steps"
     table = Table(title="trials: changes applied to the script and measured bare", header_style="bold")
-    for col in ("change", "status", "baseline", "with it", "saving", "95 % CI", "p", "one-time cost", "predicted"):
-        table.add_column(col, justify="left" if col in ("change", "status") else "right", overflow="fold")
+    whole_column(table, "change", [t["change"] for t in trials])  # an id (gpudiag profile --try) and a verdict
+    whole_column(table, "status", [t["status"] for t in trials])
+    for col in ("baseline", "with it", "saving", "95 % CI", "p", "one-time cost", "predicted"):
+        table.add_column(col, justify="right", overflow="fold")
     for t in trials:
         saving = "–" if t.get("saving_ns") is None else f"{fmt_ns(t['saving_ns'])} ({fmt_pct(t['saving_percent'])})"
         ci = t.get("saving_ci_ns")
@@ -145,7 +172,7 @@ def render_trials(result: dict, console: Console | None = None) -> None:
         status = t["status"] + (" (time per sample)" if t.get("per") == "sample" else "")
         table.add_row(Text(t["change"]), Text(status), fmt_ns(t.get("baseline_step_ns")),
                       fmt_ns(t.get("trial_step_ns")), saving, interval, p_value, cost_text(t, unit), predicted)
-    console.print(table)
+    print_whole(console, table)
     for t in trials:
         reason = trial_reason_text(t)
         if reason:
@@ -183,8 +210,9 @@ def render_communication(result: dict, console: Console) -> None:
                       fmt_pct(r["gpu_busy_percent"]),
                       fmt_ns(r["exposed_communication_ns_per_step"]), fmt_pct(r["slower_than_fastest_percent"]))
     console.print(table)
-    if ranks.get("slowest"):
-        console.print(Text(ranks["slowest"]["text"]), highlight=False)
+    straggler = ranks.get("straggler") or ranks.get("slowest")  # "slowest": a report written before the rename
+    if straggler:
+        console.print(Text(straggler["text"]), highlight=False)
 
 
 def overlap_pairs(recs: list[dict]) -> list[str]:
@@ -337,10 +365,11 @@ def render_fusion(result: dict, console: Console, top: int = FUSION_TOP) -> None
     table.add_column("chain", overflow="fold", max_width=60)
     table.add_column("×/step", justify="right")
     table.add_column("saving/step", justify="right")
-    table.add_column("reference kernel")
-    for c in candidates[:top]:
-        table.add_row(Text(chain_text(c)), str(c["occurrences_per_step"]), fmt_ns(c["saving_ns_per_step"]),
-                      Text(reference_text(c)))
+    table.add_column("reference kernel", overflow="fold")
+    for c in candidates[:top]:  # names cut to NAME_WIDTH: folding a 10 MB one took minutes
+        ops = [shorten(str(op), NAME_WIDTH // 2) for op in c.get("ops") or []]
+        table.add_row(Text(shorten(chain_text({**c, "ops": ops}), 2 * NAME_WIDTH)), str(c["occurrences_per_step"]),
+                      fmt_ns(c["saving_ns_per_step"]), Text(shorten(reference_text(c), NAME_WIDTH)))
     console.print(table)
     if result.get("fusion_source") == "kernel_sequence":  # no data flow: runs of kernels, bytes estimated from names
         console.print(Text(KERNEL_SEQUENCE_NOTE, style="yellow"), highlight=False)

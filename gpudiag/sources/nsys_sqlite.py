@@ -175,6 +175,30 @@ def _export_command(path: Path) -> str:
     return f"nsys export --type sqlite -o {stem}.sqlite {stem}.nsys-rep"
 
 
+# Compressed files by their first bytes (each format's magic number): (magic, format, suffix, the
+# command that decompresses beside the file and keeps it, the one that writes to stdout).
+COMPRESSED = ((b"\x1f\x8b", "gzip", ".gz", "gunzip -k", "gunzip -c"), (b"\xfd7zXZ\x00", "xz", ".xz", "unxz -k", "unxz -c"),
+              (b"\x28\xb5\x2f\xfd", "zstd", ".zst", "unzstd", "unzstd -c"), (b"BZh", "bzip2", ".bz2", "bunzip2 -k", "bunzip2 -c"))
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _compressed_message(path: Path, head: bytes) -> str | None:
+    """Why ``path`` (whose first bytes are ``head``) is read as no SQLite file when it is a
+    compressed one (gzip, xz, zstd, bzip2, a zip archive), with the command that decompresses it;
+    None for any other content."""
+    if head.startswith(ZIP_MAGIC):
+        return f"{path}: a zip archive, not an SQLite file; unzip it (unzip {path}) and pass the .sqlite export inside"
+    for magic, kind, suffix, keep, to_stdout in COMPRESSED:
+        if head.startswith(magic):
+            if path.suffix == suffix:  # profile.sqlite.gz -> profile.sqlite, beside it
+                how = f"{keep} {path}, then pass {path.with_suffix('')}"
+            else:
+                target = path.with_name(f"{path.stem}.unpacked.sqlite")
+                how = f"{to_stdout} {path} > {target}, then pass {target}"
+            return f"{path}: {kind}-compressed, not an SQLite file; decompress it first: {how}"
+    return None
+
+
 def _not_sqlite_message(path: Path, head: bytes) -> str | None:
     """Why ``path`` (whose first bytes are ``head``) is not an SQLite export, with the fix; None if
     it starts like an SQLite file. Checked before sqlite3 opens it: sqlite3 takes an empty file for
@@ -187,7 +211,7 @@ def _not_sqlite_message(path: Path, head: bytes) -> str | None:
     if not head:
         return f"{path}: empty file (0 bytes); pass an nsys SQLite export, made with: {export}"
     if not head.startswith(SQLITE_MAGIC):
-        return f"{path}: not an SQLite file; pass an nsys SQLite export, made with: {export}"
+        return _compressed_message(path, head) or f"{path}: not an SQLite file; pass an nsys SQLite export, made with: {export}"
     return None
 
 
@@ -268,6 +292,23 @@ def _connect(path: Path, head: bytes) -> ExportConnection:
     return conn
 
 
+def _locked(exc: BaseException) -> bool:
+    """Whether SQLite failed because another connection holds a lock on the file (a writer that
+    has not finished: nsys export, sqlite3), not because the file is damaged."""
+    text = str(exc).lower()
+    return "database is locked" in text or "database is busy" in text  # also as pandas and connectorx word it
+
+
+def _unreadable(path: Path, exc: BaseException, detail: bool = False) -> ExportError:
+    """The error for an export SQLite could not read: locked by a writer still running, else damaged
+    (with SQLite's words when ``detail``)."""
+    if _locked(exc):
+        return ExportError(f"{path}: locked by another process that is still writing it (nsys export still "
+                           "running?); run gpudiag again when it has finished")
+    words = f" ({str(exc).splitlines()[0][-120:]})" if detail and str(exc) else ""
+    return ExportError(f"{path}: a damaged SQLite file{words}; export the report again with: {_export_command(path)}")
+
+
 def open_export(path: Path) -> ExportConnection:
     """Open ``path`` read-only, writing nothing beside it (an export in WAL mode or with a rollback
     journal is read from a recovered temporary copy, or immutable: see :func:`_connect`). Raises
@@ -286,10 +327,10 @@ def open_export(path: Path) -> ExportConnection:
     try:
         conn = _connect(path, head)
         tables = _tables(conn)
-    except (sqlite3.DatabaseError, UnicodeDecodeError):  # a damaged schema page can hold any bytes
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # a damaged schema page can hold any bytes
         if conn is not None:
             conn.close()
-        raise ExportError(f"{path}: a damaged SQLite file; export the report again with: {_export_command(path)}") from None
+        raise _unreadable(path, exc) from None
     if not tables & {"CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "StringIds"}:
         conn.close()
         raise ExportError(f"{path}: an SQLite file but not an nsys export (no CUPTI or NVTX tables); pass the file written by nsys export --type sqlite")
@@ -323,8 +364,7 @@ def read_export(path: Path) -> NsysExport:
         except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
             if not lenient and "decode" in str(exc):  # "Could not decode to UTF-8 column ...": read again
                 continue
-            raise ExportError(f"{path}: a damaged SQLite file ({str(exc).splitlines()[0][-120:]}); export the report "
-                              f"again with: {_export_command(path)}") from None
+            raise _unreadable(path, exc, detail=True) from None
     if not lenient:
         return export
     bad = sum(int(df[c].astype(str).str.contains("\ufffd", regex=False).sum())

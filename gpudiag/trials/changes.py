@@ -12,15 +12,23 @@ first two steps, and is removed when step 2 opens, so later steps pay nothing fo
 run of a forward or generate() loop opens an empty step 0 and step 1 at once, at its first
 outermost forward, which in an encoder-decoder's generate() is the encoder's; the model generate()
 was called on comes after it (BART on the H100: the static-cache trial found no model).
+
+The launcher reaches these changes through capture's registry (:mod:`gpudiag.capture.trial_changes`):
+this module registers each change when imported, and :func:`with_change` names it in the run's
+config (``CaptureConfig.change_modules``), so the profiled process imports it by that name. Capture
+never imports the trials: the arrow goes trials → capture only.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import threading
 import weakref
 
-from gpudiag.capture import model_modules
+from gpudiag.capture import model_modules, trial_changes
+from gpudiag.capture.config import CaptureConfig
 
 CHANGES = ("compile", "compile-graphs", "fused-optimizer", "channels-last", "tf32", "bf16-autocast",
            "cudnn-benchmark", "kernels", "half-weights", "static-cache", "static-cache-compile")
@@ -287,3 +295,22 @@ def _on_roots(state, apply) -> None:
             handles.clear()
 
     state.step_open_callbacks.append(remove_after_first_step)
+
+
+# ---- registration --------------------------------------------------------------------------------
+
+def with_change(config: CaptureConfig, change: str | None) -> CaptureConfig:
+    """``config`` for a run with ``change`` applied (None: the unchanged script): the change's name
+    and this module's path, which the profiled process imports to register the changes (see
+    :mod:`gpudiag.capture.trial_changes`: capture reaches the trials only through it)."""
+    return dataclasses.replace(config, trial=change, change_modules=[__name__] if change else [])
+
+
+def _register() -> None:
+    """Register every change of :data:`CHANGES` in capture's registry (on import, in the profiled
+    process: :func:`gpudiag.capture.trial_changes.load`)."""
+    for name in CHANGES:
+        trial_changes.register(name, functools.partial(install, name), summary)
+
+
+_register()

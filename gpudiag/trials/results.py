@@ -18,26 +18,12 @@ from __future__ import annotations
 
 import statistics
 
-# Relative tolerance on a whole model's loss, by math path: gpudiag's choices, a whole forward pass
+from gpudiag.analysis.steps.representative import STEP_KEYS, step_times  # noqa: F401 - the trials' reading of a status
+
+# Relative tolerance on a whole model's loss, by the trial's tolerance class (its math path): gpudiag's choices, a whole forward pass
 # looser than torch.testing's per-op defaults (fp32 1.3e-6, bf16 1.6e-2, fp16 1e-3) since errors
 # add up over layers; TF32 keeps fp16's 10-bit mantissa.
 TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "fp16": 1e-2, "bf16": 5e-2}
-
-
-def step_times(status: dict) -> tuple[list[float], str]:
-    """(measured step times in ns, method) of one launcher status: steps at or after its
-    ``warmup_steps``, within its window when it had one."""
-    warmup = int(status.get("warmup_steps") or 0)
-    last = None if status.get("window_steps") is None else warmup + int(status["window_steps"]) - 1
-    for key, method in zip(STEP_KEYS, ("CUDA events", "host wall-clock time")):
-        times = [float(v) for k, v in (status.get(key) or {}).items()
-                 if int(k) >= warmup and (last is None or int(k) <= last) and v and v > 0]
-        if times:
-            return times, method
-    return [], ""
-
-
-STEP_KEYS = ("step_gpu_ns", "step_wall_ns")
 
 
 def job_view(status: dict) -> dict:

@@ -28,9 +28,9 @@ import statistics
 import time
 from pathlib import Path
 
-from gpudiag.capture.instrument import CaptureConfig
+from gpudiag.capture.config import CaptureConfig
 from gpudiag.capture.run import run_bare
-from gpudiag.trials import results
+from gpudiag.trials import changes, results
 
 TRIAL_WINDOW_STEPS = 10  # measured steps per trial: "warm-up plus a few measured steps"
 # Warm-up steps for compiled changes: step 0 runs eager (the root is compiled at its first call),
@@ -68,9 +68,10 @@ def trial_config(config: CaptureConfig, change: str | None) -> CaptureConfig:
     (at least :data:`COMPILE_WARMUP_STEPS` for every run, so all compare the same steps) and a
     window of at most :data:`TRIAL_WINDOW_STEPS`."""
     window = min(config.window_steps or TRIAL_WINDOW_STEPS, TRIAL_WINDOW_STEPS)
-    return dataclasses.replace(config, bare=True, capture_range=False, run_to_end=False, trial=change,
+    bare = dataclasses.replace(config, bare=True, capture_range=False, run_to_end=False,
                                warmup_steps=max(config.warmup_steps, COMPILE_WARMUP_STEPS), window_steps=window,
                                detail_step=None)
+    return changes.with_change(bare, change)
 
 
 def schedule(n_trials: int, settle: bool = SETTLE_RUN) -> list[tuple[str, int | None]]:

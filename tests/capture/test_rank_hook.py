@@ -100,7 +100,7 @@ def test_the_ranks_table_names_processes_by_rank(tmp_path):
                pids[1] << 24: {"steps": {"measured": 3, "step_time_ns": {"median": 3e6, "mean": 3e6}}}}
     view = merged_view(procs, reports, status)
     assert [(r["rank"], r["pid"]) for r in view["ranks"]] == [(0, pids[0]), (1, pids[1])]
-    assert view["slowest"]["rank"] == 1 and "rank 1" in view["slowest"]["text"]
+    assert view["straggler"]["rank"] == 1 and "rank 1" in view["straggler"]["text"]
 
 
 def test_a_rank_that_runs_gpudiag_itself_instruments_only_itself(tmp_path):

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpudiag import nvtx_names
-from gpudiag.capture import instrument, nsys
+from gpudiag.capture import nsys, steps_core
 from gpudiag.capture import ncu as ncu_mod
 from gpudiag.capture.instrument import CaptureConfig, detect_step_mode
 from gpudiag.capture.run import capture_ncu
@@ -342,9 +342,9 @@ def test_step_outside_capture_is_a_no_op():
     """gpudiag.step() does nothing when no capture is installed (scripts may call it always)."""
     import gpudiag
 
-    assert instrument._state is None
+    assert steps_core.current() is None
     gpudiag.step()
-    assert instrument._state is None
+    assert steps_core.current() is None
 
 
 def test_call_mode_steps_come_from_gpudiag_step(tmp_path):

@@ -220,3 +220,106 @@ def test_a_hot_journal_is_rolled_back_on_a_copy(tmp_path, export_path, user_fold
     assert (user_folder / "export.sqlite-journal").stat().st_size > 0
     assert hashlib.sha256(source.read_bytes()).digest() != hashlib.sha256(export.read_bytes()).digest()
     _reported_as_the_original(source, export, user_folder, tmp_path)
+
+
+# --- issue 35, part 5: bad inputs still told wrongly -------------------------------------------
+
+def _one_line_error(result, source: Path, *words: str) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {source}"), result.output
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def _zip(data: bytes) -> bytes:
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("profile.sqlite", data)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("name, pack, words", [
+    ("profile.sqlite.gz", lambda b: __import__("gzip").compress(b), ("gzip-compressed", "gunzip -k", "profile.sqlite")),
+    ("profile.sqlite", lambda b: __import__("gzip").compress(b), ("gzip-compressed", "gunzip -c", "profile.unpacked.sqlite")),
+    ("profile.sqlite.zst", lambda b: b"\x28\xb5\x2f\xfd" + b[:4096], ("zstd-compressed", "unzstd")),
+    ("profile.sqlite.bz2", lambda b: __import__("bz2").compress(b[:4096]), ("bzip2-compressed", "bunzip2 -k")),
+    ("profile.sqlite", lambda b: __import__("lzma").compress(b[:4096]), ("xz-compressed", "unxz -c")),
+    ("profile.zip", _zip, ("a zip archive", "unzip")),
+])
+def test_a_compressed_export_is_told_to_be_decompressed(name, pack, words, tmp_path, export_path):
+    """A gzip'd export was "not an SQLite file": the error says which compression (by its magic
+    bytes) and the command that decompresses it."""
+    source = tmp_path / name
+    source.write_bytes(pack(export_path("tiny_gemm_gelu").read_bytes()))
+    result, _ = _report(source, tmp_path / "out")
+    line = _one_line_error(result, source, *words)
+    assert "not an SQLite file" in line or "zip archive" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_export_locked_by_a_writer_is_told_to_be_locked(tmp_path, export_path):
+    """An export a writer still holds (BEGIN EXCLUSIVE, as nsys export holds it while writing) was
+    "a damaged SQLite file": the error says it is locked by another process and to retry."""
+    source = _copy(export_path("tiny_gemm_gelu"), tmp_path / "user")
+    writer = sqlite3.connect(source, isolation_level=None)
+    try:
+        writer.execute("BEGIN EXCLUSIVE")
+        result, _ = _report(source, tmp_path / "out")
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    line = _one_line_error(result, source, "locked by another process", "again when it has finished")
+    assert "damaged" not in line
+    assert not (tmp_path / "out").exists()
+    result, report = _report(source, tmp_path / "out")  # the writer gone, it reads
+    assert result.exit_code == 0 and report["top_kernels"], result.output
+
+
+def test_a_steps_regex_with_a_capture_group_prints_no_warning(tmp_path, export_path):
+    """``--steps-from nvtx:`` with a capture group printed pandas' "has match groups" warning; the
+    steps are those of the same regex without the group."""
+    import warnings
+
+    source = export_path("tiny_gemm_gelu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        grouped = CliRunner().invoke(cli, ["report", str(source), "-o", str(tmp_path / "a"), "--steps-from", "nvtx:(step|iter)"])
+    assert grouped.exit_code == 0, grouped.output
+    assert not [w for w in caught if "match groups" in str(w.message)]
+    assert "match groups" not in grouped.output
+    plain = CliRunner().invoke(cli, ["report", str(source), "-o", str(tmp_path / "b"), "--steps-from", "nvtx:(?:step|iter)"])
+    a, b = (json.loads((tmp_path / d / "report.json").read_text()) for d in "ab")
+    assert a["steps"]["measured"] == b["steps"]["measured"] > 0
+    assert a["steps"]["step_time_ns"] == b["steps"]["step_time_ns"]
+
+
+def test_a_10_mb_short_name_is_reported_quickly(tmp_path, export_path):
+    """The 10 MB name of issue 35 (the short name the labels are built from, shared by the
+    element-wise kernels): 323 s were spent wrapping it into the terminal's fusion table. Now the
+    summary cuts names (report.json keeps them whole); the run ends within the limit with short lines."""
+    import time
+
+    source = _copy(export_path("tiny_gemm_gelu"), tmp_path / "user",
+                   *[f"CREATE TABLE _t AS SELECT * FROM StringIds", "DROP TABLE StringIds",
+                     "ALTER TABLE _t RENAME TO StringIds"],
+                   f"UPDATE StringIds SET value = value || ? WHERE id IN (SELECT shortName FROM {K} WHERE demangledName "
+                   "IN (SELECT id FROM StringIds WHERE value LIKE '%GeluCUDAKernelImpl%'))", params=("x" * 10_000_000,))
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("COLUMNS", None)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "report", str(source), "-o", str(out)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    elapsed = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert max(len(line) for line in done.stdout.splitlines()) < 300
+    assert "GD-TORCH-COMPILE" in done.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert any(len(k["label"]) > 10_000_000 for k in report["top_kernels"])  # the report keeps the name
+    assert elapsed < 60, elapsed  # 10 s on an idle machine; the terminal's share is under a second

@@ -203,3 +203,48 @@ def test_the_same_export_gives_the_same_report_in_every_process(tmp_path):
     saved = [c["saved_for_backward"] for c in reports[0]["fusion_candidates"] if len(c["saved_for_backward"]) > 1]
     assert saved, "the export should exercise the ordering"
     assert reports[0] == reports[1]
+
+
+JOB = FIXTURES / "nccl" / "gpt_ddp_shm" / "profile.sqlite.xz"  # one real DDP job, two processes
+
+
+def _shift_session(export, seconds: int) -> None:
+    """Move ``export``'s capture start by ``seconds``, as another job's capture would have it."""
+    import sqlite3
+
+    with sqlite3.connect(export) as conn:
+        conn.execute("UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = utcEpochNs + ?", (seconds * 10**9,))
+
+
+def test_ranks_of_one_job_agree_and_the_engine_is_named(tmp_path):
+    """The two rank exports of one job overlap in time and ran one command: no warning."""
+    from multi_gpu_exports import split_ranks
+
+    from gpudiag.app.ranks import job_mismatches
+
+    exports = split_ranks(JOB, tmp_path)
+    assert job_mismatches(exports) == []
+    _shift_session(exports[1], 86400)
+    warnings = job_mismatches(exports)
+    assert len(warnings) == 1 and "do not overlap in time" in warnings[0] and "rank1.sqlite" in warnings[0]
+
+
+def test_exports_of_two_jobs_are_warned_of(tmp_path):
+    """``gpudiag report A B``: with B's capture a day after A's, the terminal warns that they cannot be
+    ranks of one job, and says where the ranks were analysed (here a local process pool: --scheduler
+    and Dask are tested in tests/analysis/ranks/test_engine.py)."""
+    from multi_gpu_exports import split_ranks
+
+    from gpudiag.app.options import AnalysisOptions
+    from gpudiag.app.ranks import engine_note
+
+    exports = split_ranks(JOB, tmp_path)
+    _shift_session(exports[1], 86400)
+    result = run("report", *exports, "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "warning: rank0.sqlite" in result.output and "cannot be ranks of one job" in result.output
+    assert "ranks: 2 analysed on " in result.output
+    assert engine_note(AnalysisOptions(None, None), 2) == "ranks: 2 analysed in a local process pool"
+    assert engine_note(AnalysisOptions(None, None, dask=True, scheduler="tcp://h:8786"), 2) == \
+        "ranks: 2 analysed on the Dask cluster at tcp://h:8786"
+    assert engine_note(AnalysisOptions(None, None), 1) is None

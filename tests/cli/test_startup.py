@@ -57,8 +57,8 @@ def test_the_import_log_shows_a_heavy_import():
 
 
 def test_report_files_name_the_run_database():
-    """cli/report.py names the run database without importing the store (pandas): same name."""
-    from gpudiag.cli.report import REPORT_FILES
+    """app/inputs.py names the run database without importing the store (pandas): same name."""
+    from gpudiag.app.inputs import REPORT_FILES
     from gpudiag.store import RUN_DB_NAME
 
     assert RUN_DB_NAME in REPORT_FILES

@@ -219,3 +219,50 @@ def test_chart_labels_escape_a_short_payload_at_either_end(analysed, chart, key,
     # the figure's JSON holds the label escaped once (plotly writes "/" as \u002f, "<" as itself or \u003c)
     assert "&lt;b&gt;x&lt;" in figure
     assert not re.search(r"(<|\\u003c)b(>|\\u003e)x", figure)
+
+
+def _recommendations_section(page: str) -> str:
+    start = page.index("<h2>Recommendations</h2>")
+    return page[start:page.index("<h2", start + 10)]
+
+
+def test_html_overlaps_are_shown_once_below_the_recommendations(analysed):
+    """Issue 35: every row repeated its overlap note, so one recommendation wrapped to ~15 lines.
+    The page names each overlapping pair once, under the table, as the terminal does, and the
+    predicted-saving column has its minimum width."""
+    _, report = analysed("gpt2_train_bf16")
+    recs = report["recommendations"]
+    assert any(r.get("overlaps") for r in recs)
+    section = _recommendations_section(html.render(report))
+    assert "counts the same time as" not in section
+    pairs = terminal.overlap_pairs(recs)
+    assert pairs and section.count("Not to be added up") == 1
+    note = re.search(r'<p class="note overlaps">(.*?)</p>', section, re.S).group(1)
+    assert note == "Not to be added up (they count the same time): " + "; ".join(pairs) + "."
+    assert section.count('<td class="pred">') == len(recs) and '<th class="pred">' in section
+    assert re.search(r"th\.pred, td\.pred \{ min-width: \d+rem; \}", html.render(report))
+
+
+def test_html_without_overlaps_has_no_overlap_note(analysed):
+    _, report = analysed("gpt2_train_bf16")
+    report = copy.deepcopy(report)
+    for r in report["recommendations"]:
+        r["overlaps"] = []
+    assert "Not to be added up" not in html.render(report)
+
+
+def test_a_quote_in_a_kernel_name_shows_as_a_quote_in_the_charts(analysed):
+    """Issue 35: a ``"`` in a kernel name showed as ``&quot;`` in the chart labels (escaped for HTML,
+    where plotly shows entities as text). Plotly gets ``"`` and ``'`` as they are, ``<``, ``>`` and
+    ``&`` escaped; the page's tables still escape every character."""
+    _, report = analysed("gpt2_train_bf16")
+    report = copy.deepcopy(report)
+    name = 'kernel<"q", \'s\'> & co'
+    report["top_kernels"][0].update(name=name, label=name)
+    chart = html.top_kernels_chart(report)
+    call = re.search(r'Plotly\.newPlot\(\s*"[^"]+",\s*(\[.*?\]),\s*\{', chart, re.S)
+    labels = json.loads(call.group(1))[0]["y"]
+    assert labels[-1] == "1. kernel&lt;\"q\", 's'&gt; &amp; co"
+    assert not any("&quot;" in y or "&#x27;" in y for y in labels)
+    page = html.render(report)
+    assert name not in page and str(markupsafe.escape(name)) in page

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from gpudiag.capture.instrument import CaptureConfig
-from gpudiag.trials import plan, results
+from gpudiag.trials import changes, plan, results
 
 pytest.importorskip("torch")
 
@@ -48,7 +48,7 @@ with torch.no_grad():
 
 
 def _run(tmp_path, body, trial=None):
-    config = CaptureConfig(warmup_steps=2, window_steps=3, bare=True, trial=trial)
+    config = changes.with_change(CaptureConfig(warmup_steps=2, window_steps=3, bare=True), trial)
     proc, status = launch(tmp_path, body, config)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc, status

@@ -16,6 +16,7 @@ nesting depth, which is small.
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,7 +200,10 @@ def find_steps(nvtx: pd.DataFrame, kernels: pd.DataFrame, steps_from: str | None
         pattern = re.compile(regex or DEFAULT_USER_STEP_REGEX)
     except re.error as exc:
         raise AnalysisError(f"--steps-from nvtx:{regex}: invalid regular expression ({exc})") from None
-    user = nvtx[~text.str.startswith(nvtx_names.PREFIX) & text.str.contains(pattern)] if not nvtx.empty else nvtx
+    with warnings.catch_warnings():  # a user's REGEX may hold groups: only whether it matches counts here
+        warnings.filterwarnings("ignore", "This pattern is interpreted as a regular expression, and has match groups",
+                                UserWarning)
+        user = nvtx[~text.str.startswith(nvtx_names.PREFIX) & text.str.contains(pattern)] if not nvtx.empty else nvtx
     if not user.empty:
         user = _outermost(user)
         t = pd.DataFrame({"step": np.arange(len(user)), "start_ns": user["start_ns"].to_numpy(),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from gpudiag import __version__
+from gpudiag.version import __version__
 from gpudiag.analysis.attribution.ranges import Steps
 from gpudiag.analysis.findings import tables
 from gpudiag.analysis.steps import host_work, outliers, step_stats

@@ -208,7 +208,7 @@ def bare_by_rank(status: dict | None) -> dict[int, float]:
     bare run's processes are others."""
     import statistics
 
-    from gpudiag.trials.results import step_times  # the trials' own reading of a status's measured steps
+    from gpudiag.analysis.steps.representative import step_times  # as the trials read a status's measured steps
 
     out = {}
     for entry in ((status or {}).get("bare_run") or {}).get("ranks") or []:
@@ -279,11 +279,11 @@ def _stall_ns(report: dict) -> float:
 
 
 def straggler_cause(slow: dict, fast: dict) -> dict:
-    """Why the slowest rank is slower than the fastest, from their reports (ns per measured step):
+    """Why the straggler ``slow`` takes longer than ``fast``, from their reports (ns per measured step):
     the largest of the input stall (idle before the steps' first kernel: what GD-INPUT-STALL measures), more
     GPU work (busy time less exposed communication, with the kernels per step), more host time (the
     rest of its host-bound idle) and late arrival at the collective (the fastest rank's wait in
-    its collectives over the slowest's: it waits there for the straggler). Returns {"cause",
+    its collectives over the straggler's: it waits there for the straggler). Returns {"cause",
     "excess_ns", "components": {cause: ns}, "text"}; components under 0 count as 0, and with none
     above 0 the cause is None."""
     stall = _stall_ns(slow) - _stall_ns(fast)
@@ -310,8 +310,9 @@ def merged_view(procs: pd.DataFrame, reports: dict[int, dict], status: dict | No
     """report.json's ``ranks``: one row per process (``procs``: :func:`processes`; ``reports``:
     global_pid -> its report) with step time (ns, median and mean of its measured steps), GPU busy
     (%), breakdown (%), communication and exposed communication (ns per step); each row's
-    ``slower_than_fastest_percent``; ``slowest``: the rank with the longest median step, its
-    excess over the fastest (ns and %) and a sentence."""
+    ``slower_than_fastest_percent``; ``straggler``: the rank the others wait for (:func:`_straggler`:
+    at their collectives, which can make it the rank with the shortest median step), its excess
+    over the fastest (ns and %), why, and a sentence; None with fewer than two timed ranks."""
     ids = _rank_ids(status)
     rows = [_row(p.global_pid, p.device_id, reports.get(int(p.global_pid), {"error": "not analysed"}),
                  ids.get(os_pid(p.global_pid), {})) for p in procs.itertuples(index=False)]
@@ -324,8 +325,8 @@ def merged_view(procs: pd.DataFrame, reports: dict[int, dict], status: dict | No
     for r in rows:
         r["slower_than_fastest_percent"] = (100.0 * (r["step_time_ns_median"] - fastest) / fastest
                                             if fastest and r["step_time_ns_median"] else None)
-    slowest = _slowest(timed, fastest, reports) if len(timed) > 1 else None
-    return {"count": len(rows), "ranks": rows, "slowest": slowest,
+    straggler = _straggler(timed, fastest, reports) if len(timed) > 1 else None
+    return {"count": len(rows), "ranks": rows, "straggler": straggler,
             "identified_by": "process (global_pid) and the GPU with most of its kernel time; RANK/LOCAL_RANK "
                              "where the launcher recorded them"}
 
@@ -334,8 +335,8 @@ def _who(row: dict) -> str:
     return f"rank {row['rank']}" if row["rank"] is not None else f"pid {row['pid']}"
 
 
-def _slowest(timed: list[dict], fastest: float, reports: dict[int, dict]) -> dict:
-    """``slowest`` of :func:`merged_view`: the rank the others wait for, and why.
+def _straggler(timed: list[dict], fastest: float, reports: dict[int, dict]) -> dict:
+    """``straggler`` of :func:`merged_view`: the rank the others wait for, and why.
 
     - Ranks whose collectives were split into transfer and wait (NCCL kernels of every rank in the
       export, :mod:`gpudiag.analysis.ranks.comm`): the straggler is the rank whose collectives wait
@@ -360,7 +361,7 @@ def _slowest(timed: list[dict], fastest: float, reports: dict[int, dict]) -> dic
         own = {r["global_pid"]: _own_work_ns(reports[r["global_pid"]]) for r in timed}
         s = max(timed, key=lambda r: own[r["global_pid"]])
         quick = min(timed, key=lambda r: own[r["global_pid"]])
-    out = _slowest_head(s, fastest, lockstep)
+    out = _straggler_head(s, fastest, lockstep)
     if lockstep:
         gap = own[s["global_pid"]] - own[quick["global_pid"]]
         out["own_work_over_fastest_ns"] = gap
@@ -379,7 +380,7 @@ def _slowest(timed: list[dict], fastest: float, reports: dict[int, dict]) -> dic
     return out
 
 
-def _slowest_head(s: dict, fastest: float, lockstep: bool) -> dict:
+def _straggler_head(s: dict, fastest: float, lockstep: bool) -> dict:
     excess = s["step_time_ns_median"] - fastest
     return {"global_pid": s["global_pid"], "pid": s["pid"], "device_id": s["device_id"], "rank": s["rank"],
             "step_time_ns_median": s["step_time_ns_median"], "excess_over_fastest_ns": excess,
@@ -389,11 +390,11 @@ def _slowest_head(s: dict, fastest: float, lockstep: bool) -> dict:
 
 
 def _waited_for(timed: list[dict], fastest: float, reports: dict[int, dict], waits: dict) -> dict:
-    """:func:`_slowest` from the collectives' waits: the last rank to arrive waits least."""
+    """:func:`_straggler` from the collectives' waits: the last rank to arrive waits least."""
     s = min(timed, key=lambda r: waits[r["global_pid"]])
     waiter = max(timed, key=lambda r: waits[r["global_pid"]])
     gap = waits[waiter["global_pid"]] - waits[s["global_pid"]]
-    out = {**_slowest_head(s, fastest, True), "collective_waits": True, "waited_for_ns": gap}
+    out = {**_straggler_head(s, fastest, True), "collective_waits": True, "waited_for_ns": gap}
     if gap < LOCKSTEP * fastest:
         out["balanced"] = True
         out["text"] = (f"the ranks' waits in their collectives differ by {gap / 1e6:.2f} ms per step (under "

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from gpudiag.analysis.attribution.families import kernel_label
+from gpudiag.analysis.attribution.labels import distinct_labels
 from gpudiag.analysis.roofline.peaks import DevicePeaks
-from gpudiag.renderers.labels import distinct_labels
 
 
 @dataclass

@@ -171,6 +171,17 @@ def input_stall(ctx: RuleContext) -> Recommendation | None:
         "prefetch_factor=2)`), pin memory, and move per-sample work off the training loop's thread.")
 
 
+# PyTorch's fused optimizers (``fused=True``) run one multi-tensor kernel per chunk of parameters; its
+# demangled name carries the functor of aten/src/ATen/native/cuda/: FusedAdamMathFunctor
+# (fused_adam_impl.cu, and fused_adamw_impl.cu with ADAM_MODE::ADAMW: Adam and AdamW),
+# FusedSgdMathFunctor (FusedSgdKernel.cu: SGD with or without momentum), FusedAdagradMathFunctor
+# (fused_adagrad_impl.cu). As nsys names AdamW's: "void at::native::<unnamed>::multi_tensor_apply_kernel<
+# at::native::<unnamed>::FusedOptimizerTensorListMetadata<(int)4>, at::native::<unnamed>::FusedAdamMathFunctor<
+# float, (int)4, (at::native::ADAM_MODE)1, (bool)0>, …>" (tests/fixtures/rmsnorm_train, H200). The
+# foreach (unfused) kernels carry other functors (BinaryOpListAlphaFunctor, PointwiseOpScalarListFunctor, …).
+FUSED_OPTIMIZER_KERNEL = re.compile(r"Fused(?:Adam|Sgd|Adagrad)MathFunctor")
+
+
 def unfused_optimizer(ctx: RuleContext) -> Recommendation | None:
     """The optimizer step launches many multi-tensor or per-tensor kernels (10 or more per step)
     and no fused one. Saving: their GPU time minus one fused pass over the parameters (a fused
@@ -179,7 +190,7 @@ def unfused_optimizer(ctx: RuleContext) -> Recommendation | None:
     step, else the GPU time is the estimate). Launch costs, when they bound the step, are part of
     the overhead-bound rule's saving."""
     opt = ctx.km[ctx.km["phase"] == "optimizer"]
-    if opt.empty or opt["name"].str.contains("fused_adam|FusedAdam|fused_sgd", case=False).any():
+    if opt.empty or opt["name"].str.contains(FUSED_OPTIMIZER_KERNEL).any():
         return None
     per_step = len(opt) / ctx.n_steps
     if per_step < 10:

@@ -29,6 +29,25 @@ def _measured_ids(report: dict) -> list[int]:
     return [int(s["step"]) for s in report["steps"]["per_step"] if s.get("measured")]
 
 
+STEP_KEYS = ("step_gpu_ns", "step_wall_ns")  # a launcher status's per-step times, best method first
+
+
+def step_times(status: dict) -> tuple[list[float], str]:
+    """(measured step times in ns, method) of one launcher status: steps at or after its
+    ``warmup_steps``, within its window when it had one; CUDA events at the step boundaries
+    (``step_gpu_ns``) where the status has them, else host wall-clock time (``step_wall_ns``).
+    Read by the ranks' bare runs (:mod:`gpudiag.analysis.ranks.processes`) and by the trials
+    (:mod:`gpudiag.trials.results`)."""
+    warmup = int(status.get("warmup_steps") or 0)
+    last = None if status.get("window_steps") is None else warmup + int(status["window_steps"]) - 1
+    for key, method in zip(STEP_KEYS, ("CUDA events", "host wall-clock time")):
+        times = [float(v) for k, v in (status.get(key) or {}).items()
+                 if int(k) >= warmup and (last is None or int(k) <= last) and v and v > 0]
+        if times:
+            return times, method
+    return [], ""
+
+
 def _times(status: dict | None, ids: list[int], key: str) -> dict[int, float]:
     times = (status or {}).get(key) or {}
     return {i: float(times[str(i)]) for i in ids if str(i) in times and times[str(i)] > 0}

@@ -60,7 +60,7 @@ def test_report_renders_verified_and_unverified_candidates(analysed, tmp_path):
 def test_verify_advice_picks_the_fastest():
     """Where torch.compile (or eager) beats the reference kernel at the user's shape, the report
     says to use it instead (issue 4: 'let the report recommend compile instead')."""
-    from gpudiag.cli.profile import advice
+    from gpudiag.app.profile_steps import advice
 
     assert advice({"fused_ms": 0.20, "compiled_ms": 0.15, "eager_ms": 0.40}).startswith("use torch.compile")
     assert advice({"fused_ms": 0.12, "compiled_ms": 0.24, "eager_ms": 0.06}).startswith("use eager")
@@ -127,7 +127,7 @@ def test_report_says_when_fusion_savings_will_not_shorten_the_step(analysed):
 def test_verify_skips_a_recorded_shape_the_kernel_cannot_take():
     """--verify on a candidate whose recorded input does not fit the kernel's shape mapping says so
     and goes on (no traceback after a whole capture)."""
-    from gpudiag.cli.profile import verify_candidates
+    from gpudiag.app.profile_steps import verify_candidates
 
     said = []
     report = {"phases_ns_per_step": {"backward": 1.0},

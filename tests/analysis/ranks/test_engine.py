@@ -26,8 +26,8 @@ from gpudiag.analysis.ingest import FILE_SHIFT, ingest_many
 from gpudiag.analysis.ranks.comm import TRANSFER_TABLE
 from gpudiag.analysis.ranks.processes import os_pid, process_copy
 from gpudiag.cli.main import cli
-from gpudiag.cli.options import AnalysisOptions
-from gpudiag.cli.report import ingest_and_analyse
+from gpudiag.app.options import AnalysisOptions
+from gpudiag.app.report import ingest_and_analyse
 
 from conftest import FIXTURES
 
@@ -66,8 +66,8 @@ def _report(tmp_path: Path, *args: str) -> tuple[object, dict | None]:
 def _without_global_pid(ranks: dict) -> dict:
     """The ranks table less the nsys process ids, which the ingest of several exports tags per file."""
     rows = [{k: v for k, v in r.items() if k != "global_pid"} for r in ranks["ranks"]]
-    slowest = {k: v for k, v in (ranks["slowest"] or {}).items() if k != "global_pid"}
-    return {**ranks, "ranks": rows, "slowest": slowest}
+    straggler = {k: v for k, v in (ranks["straggler"] or {}).items() if k != "global_pid"}
+    return {**ranks, "ranks": rows, "straggler": straggler}
 
 
 def test_scheduler_report_equals_the_process_pool_report(cluster, pool_report, tmp_path):
@@ -79,7 +79,7 @@ def test_scheduler_report_equals_the_process_pool_report(cluster, pool_report, t
     assert report["ranks"] == pool_report["ranks"]
     assert [r["step_time_ns_median"] for r in report["ranks"]["ranks"]] == \
         [r["step_time_ns_median"] for r in pool_report["ranks"]["ranks"]]
-    assert report["ranks"]["slowest"]["pid"] == pool_report["ranks"]["slowest"]["pid"]
+    assert report["ranks"]["straggler"]["pid"] == pool_report["ranks"]["straggler"]["pid"]
     with Client(cluster) as client:
         prefixes = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
     assert "analyse_one" in prefixes

@@ -91,9 +91,9 @@ def test_transfer_is_the_part_after_the_last_rank_arrives(nccl_run):
     assert comm["kernel_ns_per_step"] == pytest.approx(comm["transfer_ns_per_step"] + comm["wait_ns_per_step"])
     assert comm["exposed_transfer_ns_per_step"] <= comm["transfer_ns_per_step"] + 1
     late = min(wait, key=wait.get)
-    slowest = report["ranks"]["slowest"]
-    assert slowest["collective_waits"] and slowest["pid"] == late
-    assert f"rank {rows[late]['rank']}" in slowest["text"] and "wait" in slowest["text"]
+    named = report["ranks"]["straggler"]
+    assert named["collective_waits"] and named["pid"] == late
+    assert f"rank {rows[late]['rank']}" in named["text"] and "wait" in named["text"]
     # the report covers the rank the others wait for, not the one spinning longest in NCCL
     assert any(f"pid {late}," in w for w in report["warnings"])
 
@@ -159,7 +159,7 @@ def test_ranks_whose_collectives_barely_wait_are_balanced():
     """The waits path of the straggler table: ranks whose collectives wait for each other less
     than LOCKSTEP of the step are balanced (no straggler, no cause); more, and the rank that waits
     least is named."""
-    from gpudiag.analysis.ranks.processes import LOCKSTEP, _slowest
+    from gpudiag.analysis.ranks.processes import LOCKSTEP, _straggler
 
     step = 30e6
     rows = [{"global_pid": p, "pid": p, "device_id": p, "rank": p, "step_time_ns_median": step,
@@ -169,7 +169,7 @@ def test_ranks_whose_collectives_barely_wait_are_balanced():
         return {"communication": {"wait_ns_per_step": wait, "exposed_ns_per_step": wait},
                 "per_step_metrics": [{"busy_ns": 10e6}], "idle": {"step_start_idle_ns_per_step": 0.0}}
 
-    near = _slowest(rows, step, {0: report(1e6), 1: report(1e6 + 0.9 * LOCKSTEP * step)})
+    near = _straggler(rows, step, {0: report(1e6), 1: report(1e6 + 0.9 * LOCKSTEP * step)})
     assert near["balanced"] and near["collective_waits"] and "why" not in near
-    far = _slowest(rows, step, {0: report(1e6), 1: report(1e6 + 2 * LOCKSTEP * step)})
+    far = _straggler(rows, step, {0: report(1e6), 1: report(1e6 + 2 * LOCKSTEP * step)})
     assert not far.get("balanced") and far["rank"] == 0 and far["waited_for_ns"] == pytest.approx(2 * LOCKSTEP * step)

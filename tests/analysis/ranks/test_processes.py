@@ -1,5 +1,5 @@
 """Several processes in one export (issue 12): every process analysed on its own, the ranks side
-by side, the slowest named.
+by side, the straggler (the rank the others wait for) named.
 
 No multi-GPU capture is committed yet, so the exports are CONSTRUCTED from a real single-GPU one
 (tests/fixtures/mlp_chain_b4096.sqlite.xz, H100): its rows twice in one file, the second copy as
@@ -48,9 +48,9 @@ def test_ranks_side_by_side_match_the_single_process_oracle(export_path, straggl
 def test_slowest_rank_and_by_how_much(straggler):
     """The stretched copy is the slowest, by (STRETCH - 1) of the fastest step."""
     _, report = straggler
-    slowest = report["ranks"]["slowest"]
-    assert slowest["device_id"] == 1 and slowest["excess_over_fastest_percent"] == pytest.approx(100 * (STRETCH - 1), rel=1e-5)
-    assert f"pid {slowest['pid']} on GPU 1" in slowest["text"]
+    named = report["ranks"]["straggler"]
+    assert named["device_id"] == 1 and named["excess_over_fastest_percent"] == pytest.approx(100 * (STRETCH - 1), rel=1e-5)
+    assert f"pid {named['pid']} on GPU 1" in named["text"]
 
 
 def test_per_process_analysis_is_a_plain_function(straggler):
@@ -80,13 +80,14 @@ def test_rank_ids_from_the_status(straggler):
                         for i, p in enumerate(sorted(procs["global_pid"]))]}
     view = merged_view(procs, reports, status)
     assert [r["rank"] for r in view["ranks"]] == [0, 1] and [r["device_id"] for r in view["ranks"]] == [1, 0]
-    assert view["slowest"]["rank"] == 0 and view["slowest"]["text"].startswith("slowest: rank 0")
+    assert view["straggler"]["rank"] == 0 and view["straggler"]["text"].startswith("slowest: rank 0")
 
 
 def test_ranks_in_terminal_and_html(straggler):
-    """The terminal and the HTML show one row per rank and the slowest; names are escaped."""
+    """The terminal and the HTML show one row per rank and the straggler; names are escaped."""
     import io
 
+    import markupsafe
     from rich.console import Console
 
     from gpudiag.renderers import html, terminal
@@ -95,11 +96,17 @@ def test_ranks_in_terminal_and_html(straggler):
     out = io.StringIO()
     terminal.render(report, Console(file=out, width=200))
     text = out.getvalue()
-    assert "ranks (2 processes)" in text and report["ranks"]["slowest"]["text"] in text
-    hostile = {**report, "ranks": {**report["ranks"], "slowest": {**report["ranks"]["slowest"], "text": "<script>x</script>"}}}
+    assert "ranks (2 processes)" in text and report["ranks"]["straggler"]["text"] in text
+    hostile = {**report, "ranks": {**report["ranks"], "straggler": {**report["ranks"]["straggler"], "text": "<script>x</script>"}}}
     page = html.render(hostile)
     assert "&lt;script&gt;x&lt;/script&gt;" in page and "<script>x</script>" not in page
     assert page.count('<tr class="rank">') == 2
+    # a report written before the field was renamed (ranks.slowest) still shows its straggler
+    older = {**report, "ranks": {k if k != "straggler" else "slowest": v for k, v in report["ranks"].items()}}
+    out = io.StringIO()
+    terminal.render(older, Console(file=out, width=200))
+    sentence = report["ranks"]["straggler"]["text"]
+    assert sentence in out.getvalue() and str(markupsafe.escape(sentence)) in html.render(older)
 
 
 def test_the_straggler_is_named_with_its_cause(analysed):
@@ -125,7 +132,7 @@ def test_the_straggler_is_named_with_its_cause(analysed):
     status = {"ranks": [{"pid": 101, "rank": 0, "local_rank": 0}, {"pid": 102, "rank": 1, "local_rank": 1}]}
     procs = pd.DataFrame({"global_pid": [101 << 24, 102 << 24], "device_id": [0, 1]})
     view = merged_view(procs, {101 << 24: fast, 102 << 24: slow}, status)
-    assert view["slowest"]["rank"] == 1 and view["slowest"]["why"]["cause"] == "input stall"
-    assert "rank 1" in view["slowest"]["text"] and "why: input stall" in view["slowest"]["text"]
+    assert view["straggler"]["rank"] == 1 and view["straggler"]["why"]["cause"] == "input stall"
+    assert "rank 1" in view["straggler"]["text"] and "why: input stall" in view["straggler"]["text"]
     # the other way round nothing is slower for that reason: the cause follows the data
     assert straggler_cause(fast, slow)["cause"] != "input stall"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudiag.analysis.ranks.processes import LOCKSTEP, _slowest
+from gpudiag.analysis.ranks.processes import LOCKSTEP, _straggler
 from gpudiag.analysis.ingest import ingest
 from gpudiag.analysis.pipeline import analyse
 
@@ -74,11 +74,11 @@ def test_the_straggler_is_named_with_its_cause(straggler):
     steps differ by 0.1 %), so the step time cannot tell; the ranks table names rank 1, the one
     rank 0 waits for, and its input stall, within 25 % of the 20 ms it sleeps."""
     _, report = straggler
-    slowest = report["ranks"]["slowest"]
-    assert slowest["lockstep"] is True and not slowest.get("balanced")
-    assert slowest["rank"] == 1 and slowest["why"]["cause"] == "input stall"
-    assert slowest["why"]["excess_ns"] == pytest.approx(SLEEP_NS, rel=0.25)
-    assert "wait for rank 1" in slowest["text"] and "input stall" in slowest["text"]
+    named = report["ranks"]["straggler"]
+    assert named["lockstep"] is True and not named.get("balanced")
+    assert named["rank"] == 1 and named["why"]["cause"] == "input stall"
+    assert named["why"]["excess_ns"] == pytest.approx(SLEEP_NS, rel=0.25)
+    assert "wait for rank 1" in named["text"] and "input stall" in named["text"]
 
 
 def test_ranks_with_as_much_work_each_are_balanced(straggler):
@@ -89,7 +89,7 @@ def test_ranks_with_as_much_work_each_are_balanced(straggler):
     rows[1]["slower_than_fastest_percent"] = 100 * LOCKSTEP / 2
     analysed_rank0 = analyse_one(straggler, rows[0]["global_pid"])
     reports = {rows[0]["global_pid"]: analysed_rank0, rows[1]["global_pid"]: analysed_rank0}
-    view = _slowest(rows, rows[0]["step_time_ns_median"], reports)
+    view = _straggler(rows, rows[0]["step_time_ns_median"], reports)
     assert view["lockstep"] and view["balanced"] and "why" not in view and "balanced" in view["text"]
 
 

@@ -602,3 +602,41 @@ def test_external_bytes_are_what_the_group_reads_from_outside_and_leaves_for_oth
     forward = next(c for c in report["fusion_candidates"] if "transformer.h.0.mlp.act" in c["modules"])
     assert forward["external_bytes"] == sum(size[s] for s in inputs | outputs)
     assert len(inputs) == 1 and len(outputs) == 5
+
+
+def test_the_overhead_bounds_are_strict(analysed):
+    """docs/architecture.md: overhead-bound is *shorter than* one launch with a grid *under* one
+    wave, or *shorter than* half a launch. Devices whose launch overhead or SM count put a real
+    kernel exactly on each bound (its duration as the launch, twice its duration as the launch,
+    its block count as the SM count; an unknown SM count, 0, counts as one) leave it out of the
+    overhead class; a nanosecond more launch overhead, or one SM more, puts it in. Every kernel still follows the rules from its own row."""
+    import dataclasses
+
+    from gpudiag.analysis.roofline import peaks
+    from gpudiag.analysis.roofline.classify import classify
+
+    db, report = analysed("rmsnorm_train")
+    kernels, attribution, _ = _classify_inputs(db)
+    device = peaks.lookup(report["device"]["name"], report["device"]["sm_count"])
+    blocks = kernels[["grid_x", "grid_y", "grid_z"]].fillna(1).prod(axis=1)
+    wide = kernels.index[blocks >= device.sm_count][0]  # a grid of a wave or more: only the half-launch bound
+    narrow = kernels.index[(blocks < device.sm_count) & (blocks > 1)][0]
+    single = kernels.index[blocks == 1][0]
+    dur = kernels["duration_ns"].astype(float)
+    cases = [
+        (wide, dataclasses.replace(device, launch_overhead_ns=2 * dur[wide])),  # exactly half a launch
+        (narrow, dataclasses.replace(device, launch_overhead_ns=dur[narrow])),  # exactly one launch, under a wave
+        # half to one launch, with exactly a wave of blocks: not under a wave
+        (narrow, dataclasses.replace(device, launch_overhead_ns=dur[narrow] * 1.5, sm_count=int(blocks[narrow]))),
+        # an unknown SM count (0) is one SM: a one-block grid is not under a wave of it
+        (single, dataclasses.replace(device, launch_overhead_ns=dur[single] * 1.5, sm_count=0)),
+    ]
+    for i, at_bound in cases:
+        out = classify(kernels, attribution, at_bound)
+        assert out.at[i, "kernel_class"] != "overhead"
+        assert list(out["kernel_class"]) == [_expected_class(r, _device_dict(at_bound))
+                                             for r in _rows(kernels, out).itertuples()]
+        past = dataclasses.replace(at_bound, launch_overhead_ns=at_bound.launch_overhead_ns + 1)
+        if at_bound.sm_count != device.sm_count:  # one SM more than the grid's blocks: under a wave
+            past = dataclasses.replace(at_bound, sm_count=int(blocks[i]) + 1)
+        assert classify(kernels, attribution, past).at[i, "kernel_class"] == "overhead"

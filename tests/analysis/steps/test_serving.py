@@ -126,7 +126,7 @@ def test_the_profiled_status_keeps_what_the_bare_run_measured_for_requests(tmp_p
     """gpudiag profile attaches the bare run to the profiled status (cli.profile._keep_bare_run):
     everything the per-request section reads must survive it (a subset once lost TTFT/TPOT)."""
     pytest.importorskip("transformers")
-    from gpudiag.cli.profile import _keep_bare_run
+    from gpudiag.app.profile_steps import keep_bare_run as _keep_bare_run
 
     proc, bare = launch(tmp_path, GENERATE, CaptureConfig(warmup_steps=2, window_steps=3, bare=True))
     assert proc.returncode == 0, proc.stderr

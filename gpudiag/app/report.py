@@ -1,0 +1,213 @@
+"""The report workflow: analyse a run directory, an export or the exports of one job's ranks, and
+write report.json, report.html and the run database (``gpudiag report``, ``gpudiag profile``'s
+analysis, :func:`gpudiag.load`)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpudiag.analysis.errors import AnalysisError
+from gpudiag.app.inputs import (analysis_inputs, decompressed, read_report, refuse_overwrites, resolve_sources,
+                                written_report)
+from gpudiag.app.options import AnalysisOptions
+from gpudiag.app.output import commit, make_output_folder, partial, write_atomically, written_or_removed
+from gpudiag.errors import UserError, internal_error
+
+# The analysis, readers and report writers (pandas, plotly, jinja2, rich) are imported in the
+# functions that use them, so that `gpudiag --help` starts fast (tests/cli/test_startup.py).
+
+
+def write_reports(result: dict, out_dir: Path) -> None:
+    """report.json and report.html of ``result`` in ``out_dir``, each renamed into place only when
+    complete (a full disk leaves the old files or none)."""
+    from gpudiag.renderers import html, json_report
+
+    write_atomically({out_dir / "report.json": json_report.to_json(result), out_dir / "report.html": html.render(result)})
+
+
+def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: AnalysisOptions, status: dict | None = None,
+                       ncu: Path | None = None, calibration: dict | None = None, top: int = 20,
+                       notes: list[str] | None = None) -> dict:
+    """The analysis of ``export`` (``.sqlite`` or ``.sqlite.xz``, or a list of them: the exports of one
+    job's ranks, :func:`gpudiag.analysis.ingest.ingest_many`; ``ncu``: its Nsight Compute report,
+    ``.ncu-rep`` or ``.ncu-rep.xz``): ingested into the run database ``db_path``, then analysed into
+    report.json's content (a dict, documented in docs/architecture.md). ``status``: the launcher's
+    status of a run directory (warm-up steps, step mode, trials); ``calibration``: measured peaks
+    (:func:`read_calibration`); ``top``: how many kernels the kernel tables keep. The ranks of a
+    several-process job are analysed where ``options`` says (Dask or a process pool); ``notes``, if
+    given, receives the lines the terminal shows about them (:mod:`gpudiag.app.ranks`: the engine,
+    exports that cannot be one job's ranks), never written into the report.
+
+    The one analysis path of ``gpudiag report``, ``gpudiag profile`` and :func:`gpudiag.load`.
+    Raises UserError naming the user's files: exit 2 for a file that is not an export or ncu report
+    or a Dask scheduler that cannot be reached, 3 for a capture that cannot be analysed (no
+    kernels) or an internal error (said in one line)."""
+    from gpudiag import store
+    from gpudiag.analysis.pipeline import analyse
+    from gpudiag.analysis.ranks.engine import EngineError, RankEngine
+
+    exports = list(export) if isinstance(export, (list, tuple)) else [export]
+    label = exports[0] if len(exports) == 1 else Path(f"{exports[0]} (+{len(exports) - 1} more exports)")
+    db = _ingest(exports, db_path, ncu, notes)
+    warmup = options.warmup_steps if options.warmup_steps is not None else (status or {}).get("warmup_steps", 2)
+    # A step-window capture starts at the warm-up's last step: only the warm-up steps it holds count.
+    first_captured = (status or {}).get("capture_started_step")
+    warmup = max(warmup - int(first_captured), 0) if first_captured is not None else warmup
+    steps_from = options.steps_from
+    if steps_from is None and (status or {}).get("step_mode") == "nvtx" and status.get("steps_regex"):
+        steps_from = "nvtx:" + status["steps_regex"]  # the user's ranges the launcher took as steps
+    engine = RankEngine(scheduler=options.scheduler, dask=options.dask,
+                        **({"worker_memory": options.worker_memory} if options.worker_memory else {}))
+    try:
+        result = analyse(db, warmup_steps=warmup, steps_from=steps_from, status=status, calibration=calibration,
+                         top=top, ranks_engine=engine)
+        if (status or {}).get("trials") is not None:  # the run's trials, kept in its status by gpudiag profile
+            from gpudiag.trials.results import attach
+
+            attach(result, status["trials"], status.get("trials_left_out") or [])
+        if notes is not None:
+            from gpudiag.app.ranks import engine_note
+
+            note = engine_note(options, len((result.get("ranks") or {}).get("ranks") or []))
+            notes.extend([note] if note else [])
+        return result
+    except EngineError as exc:
+        raise UserError(str(exc)) from None
+    except AnalysisError as exc:
+        raise UserError(f"{label}: {exc}", exit_code=3) from None
+    except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # a bug, said in one line
+        raise internal_error(exc, label) from None
+    finally:
+        store.close(db)  # after the tables written in the background (the analysis flushed them)
+
+
+def _ingest(exports: list[Path], db_path: Path, ncu: Path | None, notes: list[str] | None = None):
+    """The run database ``db_path`` of ``exports`` (one export, with ``ncu`` if given, or the
+    exports of one job's ranks), from decompressed copies of ``.xz`` files; the warnings of
+    exports that cannot be one job's ranks join ``notes``. Raises UserError naming the user's file,
+    not the copy."""
+    from gpudiag.analysis.ingest import MAX_FILES, ingest, ingest_many
+    from gpudiag.sources.ncu import NcuError
+    from gpudiag.sources.nsys_sqlite import ExportError
+
+    if len(exports) > MAX_FILES:
+        raise UserError(f"{len(exports)} exports: at most {MAX_FILES} can be analysed together; analyse the ranks in groups")
+    with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
+        sources = [decompressed(e, Path(tmp)) if len(exports) == 1 else
+                   decompressed(e, _own_folder(Path(tmp), i)) for i, e in enumerate(exports)]
+        ncu_source = decompressed(ncu, Path(tmp)) if ncu else None
+        if len(exports) > 1 and notes is not None:
+            from gpudiag.app.ranks import job_mismatches
+
+            notes.extend(f"warning: {w}" for w in job_mismatches(sources, exports))
+        try:
+            if len(exports) == 1:
+                return ingest(sources[0], db_path, source_name=exports[0].name, ncu_path=ncu_source, background=True)
+            return ingest_many(sources, db_path, background=True)
+        except (ExportError, NcuError) as exc:
+            message = str(exc)  # name the user's files, not the decompressed copies
+            for copy, original in zip(sources, exports):
+                message = message.replace(str(copy), str(original))
+            raise UserError(message.replace(str(ncu_source), str(ncu)) if ncu_source else message) from None
+
+
+def _own_folder(tmp: Path, index: int) -> Path:
+    """A folder of its own in ``tmp`` for export ``index``: rank exports of several folders may share a name."""
+    folder = tmp / str(index)
+    folder.mkdir()
+    return folder
+
+
+
+
+def analyse_and_report(export: Path | list[Path], out_dir: Path, options: AnalysisOptions, status: dict | None = None,
+                       ncu: Path | None = None, calibration: dict | None = None, top: int = 20,
+                       show: Callable[[dict], None] | None = None, notes: list[str] | None = None) -> dict:
+    """Ingest ``export`` (``.sqlite`` or ``.sqlite.xz``, plus the Nsight Compute report ``ncu`` if
+    given, ``.ncu-rep`` or ``.ncu-rep.xz``) into ``out_dir``/run.sqlite, analyse it and write
+    report.html and report.json there; then ``show(result)`` (the face prints its summary). When it
+    fails, the folders it created are removed again (a folder that existed before is left alone).
+    Returns report.json's content; raises UserError as :func:`ingest_and_analyse`."""
+    created = make_output_folder(out_dir)
+    with written_or_removed(out_dir, created):  # also Ctrl-C: a half-written report folder only misleads
+        # the run database under its partial name until the reports are written (see commit)
+        result = ingest_and_analyse(export, partial(out_dir / "run.sqlite"), options, status, ncu, calibration, top,
+                                    notes)
+        write_reports(result, out_dir)
+        commit(out_dir / "run.sqlite")
+    if show is not None:
+        show(result)
+    return result
+
+
+def check_scheduler(address: str) -> None:
+    """Raises UserError (one line) unless a Dask scheduler answers at ``address``."""
+    from gpudiag.analysis.ranks.engine import EngineError, check_scheduler as probe
+
+    try:
+        probe(address)
+    except EngineError as exc:
+        raise UserError(str(exc)) from None
+
+
+@dataclass
+class ReportRequest:
+    """What ``gpudiag report`` analyses: ``sources`` (one run directory or export, or the exports
+    of one job's ranks: files, a folder, glob patterns), ``out_dir`` (None: the run directory, or
+    gpudiag-reports/<name>), ``force`` (overwrite a report), ``ncu`` and ``peaks_file`` (as
+    :func:`gpudiag.app.inputs.analysis_inputs`), ``options``."""
+
+    sources: tuple[Path, ...]
+    options: AnalysisOptions
+    out_dir: Path | None = None
+    force: bool = False
+    ncu: Path | None = None
+    peaks_file: Path | None = None
+    notes: list[str] = field(default_factory=list)  # filled: the terminal's lines about the ranks
+
+
+def report(request: ReportRequest, show: Callable[[dict, Path], None] | None = None) -> dict:
+    """The ``gpudiag report`` workflow: resolve the sources, refuse to overwrite anything of the
+    user's, analyse and write the report; ``show(result, out_dir)`` prints it. Returns report.json's
+    content. Raises UserError (one line naming the file) for anything that cannot be used."""
+    exports, status, default_dir = resolve_sources(request.sources)
+    out_dir = request.out_dir or default_dir
+    for export in exports:
+        refuse_overwrites(export, out_dir, request.force)
+    if len(exports) > 1 and request.ncu is not None:
+        raise UserError(f"{request.ncu}: --ncu goes with one export; pass it with the export of the rank ncu profiled")
+    if request.options.scheduler:  # before the ingest: a wrong address is said at once
+        check_scheduler(request.options.scheduler)
+    source = request.sources[0] if len(exports) == 1 else exports[0]
+    inputs = analysis_inputs(source, request.options, request.ncu, request.peaks_file,
+                             resolved=(exports[0], status, default_dir))
+    return analyse_and_report(exports if len(exports) > 1 else inputs.export, out_dir, request.options,
+                              status=inputs.status, ncu=inputs.ncu, calibration=inputs.calibration,
+                              show=(lambda result: show(result, out_dir)) if show else None, notes=request.notes)
+
+
+def analyse(sources: Sequence[Path], options: AnalysisOptions, ncu: Path | None = None, peaks_file: Path | None = None,
+            top: int = 20, notes: list[str] | None = None) -> dict:
+    """report.json's content of ``sources`` (what ``gpudiag report`` takes: one run directory or
+    export, or one job's rank exports as files, a folder or glob patterns), analysed in a temporary
+    folder: nothing is written. A report already written (a report.json, or a folder holding one and
+    no export) is read instead. Raises UserError as :func:`report`, and for options given with a
+    report already written."""
+    report_file = written_report(sources[0]) if len(sources) == 1 else None
+    if report_file is not None:
+        if ncu is not None or peaks_file is not None or options.steps_from is not None \
+                or options.warmup_steps is not None:
+            raise UserError(f"{sources[0]}: a report already written cannot be analysed again with other options; "
+                            "pass the run directory or export instead")
+        return read_report(report_file)
+    exports, status, default_dir = resolve_sources(tuple(sources))
+    if len(exports) > 1 and ncu is not None:
+        raise UserError(f"{ncu}: ncu goes with one export; pass it with the export of the rank ncu profiled")
+    source = sources[0] if len(exports) == 1 else exports[0]
+    inputs = analysis_inputs(source, options, ncu, peaks_file, resolved=(exports[0], status, default_dir))
+    with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
+        return ingest_and_analyse(exports if len(exports) > 1 else inputs.export, Path(tmp) / "run.sqlite", options,
+                                  inputs.status, inputs.ncu, inputs.calibration, top, notes)

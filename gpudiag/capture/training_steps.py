@@ -1,0 +1,124 @@
+"""Steps from training: a step ends at ``optimizer.step()`` (global optimizer step post-hook), and
+the ``backward()`` and optimizer phases get push/pop ranges. A step source of the step-boundary
+core (:mod:`gpudiag.capture.steps_core`), installed by :func:`gpudiag.capture.instrument.install`.
+
+A backward() or an optimizer step also tells the call-step tracker (:mod:`gpudiag.capture.call_steps`)
+that the script trains, so the optimizer's steps stay the steps.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+
+from gpudiag import nvtx_names
+from gpudiag.capture import dynamo_stats, steps_core
+from gpudiag.capture.steps_core import CaptureState, compiling, ensure_step_open
+
+# Optimizer steps before the first step boundary while an optimizer built has not stepped (one
+# built and never used): gpudiag's choice, as call_steps.OPTIMIZER_PATIENCE.
+OPTIMIZER_PATIENCE = 64
+
+
+def install(torch, optim_module) -> None:
+    """Wrap ``torch.autograd.backward`` and ``Optimizer.__init__`` and register the global
+    optimizer step hooks (in the bare run too: the backward wrapper records the loss)."""
+    wrap_backward(torch)
+    optim_module.register_optimizer_step_pre_hook(optimizer_pre_hook)
+    optim_module.register_optimizer_step_post_hook(optimizer_post_hook)
+    watch_optimizers(optim_module)
+
+
+def wrap_backward(torch) -> None:
+    """``torch.autograd.backward`` (which ``Tensor.backward`` calls) inside a backward phase range;
+    it opens step 0 if none is open and keeps the loss (:meth:`Window.record_loss`)."""
+    original = torch.autograd.backward
+
+    def backward(*args, **kwargs):
+        state = steps_core.current()
+        if state is None or compiling():
+            return original(*args, **kwargs)
+        ensure_step_open()
+        training_seen(state)
+        state.window.record_loss(state.step_index, args[0] if args else kwargs.get("tensors"))
+        state.nvtx.push(nvtx_names.PHASE + "backward")
+        try:
+            return original(*args, **kwargs)
+        finally:
+            state.nvtx.pop()
+
+    backward.__wrapped__ = original
+    torch.autograd.backward = backward
+
+
+def training_seen(state: CaptureState) -> None:
+    """A backward() or optimizer step: training, so steps are the optimizer's. The bare run then
+    drops its forward hooks (no per-module cost in the timed steps) unless Dynamo already compiled
+    with them: it guards on the global hook dicts, and removing them would compile a second graph."""
+    if state.call_steps is None:
+        return
+    state.call_steps.training_seen()
+    if state.config.bare and state.module_hooks and not state.call_steps.counting:
+        if "torch._dynamo" not in sys.modules or not dynamo_stats.compile_summary():
+            for handle in state.module_hooks:
+                handle.remove()
+            state.module_hooks = []
+
+
+def watch_optimizers(optim_module) -> None:
+    """Note that an optimizer exists (``Optimizer.__init__`` wrapped once): in auto mode the
+    optimizer's steps are then preferred to forward calls (:meth:`CallSteps._decide`)."""
+    cls = optim_module.Optimizer
+    if getattr(cls.__init__, "__gpudiag__", False):
+        return
+    original = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        state = steps_core.current()
+        if state is not None:
+            state.optimizer_seen = True
+            state.optimizers_built.add(self)
+
+    __init__.__gpudiag__ = True
+    __init__.__wrapped__ = original
+    cls.__init__ = __init__
+
+
+def optimizer_pre_hook(optimizer, args, kwargs) -> None:
+    """Before every ``optimizer.step()``: open step 0 if needed and push the optimizer phase range."""
+    state = steps_core.current()
+    if state is not None and not compiling():
+        training_seen(state)
+        ensure_step_open()
+        state.nvtx.push(nvtx_names.PHASE + "optimizer")
+
+
+def optimizer_post_hook(optimizer, args, kwargs) -> None:
+    """After every ``optimizer.step()``: pop the phase range; a step boundary when this step ends
+    a loop iteration (:func:`ends_iteration`) and steps are the optimizer's."""
+    state = steps_core.current()
+    if state is None or compiling():
+        return
+    state.nvtx.pop()
+    if state.step_mode == "optimizer" and ends_iteration(state, optimizer):
+        steps_core.step_boundary()
+
+
+def ends_iteration(state: CaptureState, optimizer) -> bool:
+    """Whether this ``optimizer.step()`` ends a loop iteration: it is the step of the optimizer
+    that stepped first time last, once every optimizer built has stepped. With one optimizer, every
+    step; a GAN's discriminator then generator (pytorch/examples dcgan: ``optimizerD.step()``,
+    ``optimizerG.step()`` per batch) or a critic stepped five times per generator step (WGAN), the
+    generator's, so a step is one iteration of the script's loop; a wrapper optimizer (ZeRO,
+    Lookahead) whose step runs its inner one's, the wrapper's. An optimizer built and never stepped
+    delays the first boundary by :data:`OPTIMIZER_PATIENCE` steps at most."""
+    if optimizer not in state.optimizers_stepped:
+        state.optimizers_stepped.add(optimizer)
+        state.last_new_optimizer = weakref.ref(optimizer)
+    if state.last_new_optimizer() is not optimizer:
+        return False
+    if len(state.optimizers_stepped) < len(state.optimizers_built):  # the first iteration is not over
+        state.steps_waiting += 1
+        return state.steps_waiting > OPTIMIZER_PATIENCE
+    return True

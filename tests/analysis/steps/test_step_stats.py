@@ -1,0 +1,123 @@
+"""The per-step statistics (``analysis/steps/step_stats.py``) of a step that lacks what the other
+steps have: a kernel class, a kernel family, a module. No committed capture has such a step (every
+measured step of a training loop runs the same kernels), so the test edits a real export: the
+gate's samples of that step must be zeros, not NaN (issue 35 part 6: ``unstack(fill_value=0)``
+mutated to ``None`` or another number passed every test).
+
+The oracle is SQL on the edited export's run database (each kernel's class, family, module and
+step as the analysis stored them) and the arithmetic of docs/architecture.md, not step_stats'
+own code."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sqlite3
+
+import pandas as pd
+import pytest
+from conftest import status_of
+
+from gpudiag.analysis.gate import metrics_from
+from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.pipeline import analyse
+
+NAME = "rmsnorm_train"  # H200, 8 RMSNorm MLP blocks ("0" … "7", each with up, down, norm), fused AdamW
+STEP = 5  # a measured step, not the detail step
+MODULE = "3"  # one block: its kernels and its submodules' ("3.up", "3.down", "3.norm")
+
+
+def _kernels(conn) -> pd.DataFrame:
+    return pd.read_sql_query(
+        "SELECT k.kernel_id, k.start_ns, k.correlation_id, k.duration_ns, a.step, a.module, c.kernel_class, c.family"
+        " FROM kernels k JOIN kernel_attribution a USING (kernel_id) JOIN kernel_class c USING (kernel_id)", conn)
+
+
+def _in_module(k: pd.DataFrame, module: str) -> pd.Series:
+    return (k["module"] == module) | k["module"].str.startswith(module + ".")
+
+
+def _copies_by_step(conn, steps: pd.DataFrame) -> dict[int, float]:
+    """ns of copies and memsets per step, each in the step whose host range holds its launch call."""
+    rows = conn.execute(
+        "SELECT r.start_ns, c.duration_ns FROM (SELECT correlation_id, global_pid, duration_ns FROM memcpy"
+        " UNION ALL SELECT correlation_id, global_pid, duration_ns FROM memset) c"
+        " JOIN runtime_api r ON r.correlation_id = c.correlation_id AND r.global_pid = c.global_pid").fetchall()
+    out: dict[int, float] = {}
+    for api_start, duration in rows:
+        for s in steps.itertuples():
+            if s.cpu_start_ns <= api_start < s.cpu_end_ns:
+                out[int(s.step)] = out.get(int(s.step), 0.0) + duration
+    return out
+
+
+@pytest.fixture(scope="module")
+def edited(export_path, analysed, tmp_path_factory):
+    """(run database connection, report) of rmsnorm_train with, in step 5 only, every overhead-
+    bound kernel, every optimizer kernel and every kernel of block "3" deleted from the export."""
+    db, _ = analysed(NAME)
+    k = _kernels(db.conn)
+    gone = k[(k["step"] == STEP) & ((k["kernel_class"] == "overhead") | (k["family"] == "optimizer")
+                                    | _in_module(k, MODULE))]
+    assert len(gone) > 50
+    folder = tmp_path_factory.mktemp("step_stats")
+    path = folder / f"{NAME}_step{STEP}_thinned.sqlite"
+    shutil.copyfile(export_path(NAME), path)
+    with sqlite3.connect(path) as conn:
+        conn.executemany("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE start = ? AND correlationId = ?",
+                         gone[["start_ns", "correlation_id"]].astype(int).values.tolist())
+        assert conn.execute("SELECT changes()").fetchone()[0] >= 1
+    run = ingest(path, folder / f"{NAME}_thinned.run.sqlite")
+    return run.conn, analyse(run, status=status_of(NAME))
+
+
+def test_a_step_without_a_class_a_family_or_a_module_gives_zeros_to_the_gate(edited):
+    conn, report = edited
+    k = _kernels(conn)
+    metrics = report["per_step_metrics"]
+    measured = [m["step"] for m in metrics]
+    assert STEP in measured and len(measured) > 2
+    mk = k[k["step"].isin(measured)]
+    mine, others = mk[mk["step"] == STEP], mk[mk["step"] != STEP]
+    # the edit: step 5 has none of these, every other measured step has them
+    assert not (mine["kernel_class"] == "overhead").any() and not (mine["family"] == "optimizer").any()
+    assert not _in_module(mine, MODULE).any()
+    for step, group in others.groupby("step"):
+        assert (group["kernel_class"] == "overhead").any() and (group["family"] == "optimizer").any()
+        assert _in_module(group, MODULE).any()
+
+    # report.json's per-step entry: class times are kernel sums (copies and memsets as bandwidth)
+    # scaled to the busy time; a class the step lacks is 0, so the overhead is the host-bound idle
+    steps = pd.read_sql_query("SELECT * FROM steps", conn)
+    entry = next(e for e in report["steps"]["per_step"] if e["step"] == STEP)
+    by_class = {c: float(mine.loc[mine["kernel_class"] == c, "duration_ns"].sum())
+                for c in ("compute", "bandwidth", "overhead", "communication")}
+    by_class["bandwidth"] += _copies_by_step(conn, steps).get(STEP, 0.0)
+    assert by_class["overhead"] == 0.0
+    scale = entry["busy_ns"] / sum(by_class.values())
+    for c, ns in by_class.items():
+        assert entry[f"{c}_ns"] == pytest.approx(ns * scale, rel=1e-9, abs=0.0)
+    assert entry["overhead_ns"] == entry["host_bound_idle_ns"]
+
+    # the gate's samples of step 5: every family and module another measured step has, at 0 ns
+    sample = next(m for m in metrics if m["step"] == STEP)
+    families = {f: float(mine.loc[mine["family"] == f, "duration_ns"].sum()) for f in set(mk["family"])}
+    assert families["optimizer"] == 0.0
+    assert sample["families_ns"] == families
+    listed = [row["module"] for row in report["modules"]]
+    assert MODULE in listed and f"{MODULE}.up" in listed
+    modules = {mod: float(mine.loc[_in_module(mine, mod), "duration_ns"].sum()) for mod in listed
+               if _in_module(mk, mod).any()}
+    assert modules[MODULE] == 0.0 and modules[f"{MODULE}.norm"] == 0.0
+    assert sample["modules_ns"] == modules
+    assert sample["overhead_percent"] == pytest.approx(100 * entry["host_bound_idle_ns"] / entry["step_time_ns"],
+                                                       rel=1e-12)
+
+    # and the gate reads them as numbers: a NaN sample would make it refuse the report
+    gated, _ = metrics_from(report, "thinned run")
+    at = measured.index(STEP)
+    assert gated["family:optimizer"].samples[at] == 0.0
+    assert gated[f"module:{MODULE}"].samples[at] == 0.0
+    assert gated[f"module:{MODULE}.up"].samples[at] == 0.0
+    assert gated["overhead_time"].samples[at] == pytest.approx(entry["host_bound_idle_ns"], rel=1e-12)
+    assert all(math.isfinite(x) for m in gated.values() for x in m.samples)
