@@ -1,18 +1,22 @@
 """Host-side rules (``analysis/rules/host.py``) on what the committed captures do not show
 (issue 35 part 6, survivors of a fresh mutation draw): pinned copies from the device to the host
 in the pinned rate of GD-PAGEABLE-COPY, and the fused-optimizer kernels of PyTorch's other fused
-optimizers (SGD, Adagrad, Adam) in GD-UNFUSED-OPTIMIZER. Each test edits the rule context the
-analysis built for a real capture; the oracles are SQL on the run database and the kernel names
-of PyTorch's CUDA sources."""
+optimizers (SGD, Adagrad, Adam) in GD-UNFUSED-OPTIMIZER; and the texts of GD-HOST-COMPUTE (title,
+threshold, ms/step, share of the step) and GD-OVERHEAD-BOUND (the host compute it does not count),
+survivors of the seed-256679 draw. Each test uses (or edits) the rule context the analysis built for
+a real capture; the oracles are SQL on the run database, the kernel names of PyTorch's CUDA sources,
+and the rule's inputs added up another way (the host-compute stretches, the idle split's columns)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pandas as pd
 import pytest
 
 from gpudiag.analysis.rules import host
+from gpudiag.analysis.steps.host_work import HOST_COMPUTE_STRETCH_NS
 
 
 @pytest.fixture
@@ -114,3 +118,92 @@ def test_every_fused_optimizer_kernel_silences_the_rule(context, optimizer):
     unfused = km.assign(name=km["name"].where(~fused, foreach))
     rec = host.unfused_optimizer(dataclasses.replace(ctx, km=unfused))
     assert rec is not None and rec.evidence[0].startswith("10 optimizer kernels/step, ")
+
+
+# --- the texts of GD-HOST-COMPUTE and GD-OVERHEAD-BOUND (issue 35 part 6: survivors of the seed-256679 draw) ----------
+# The numbers are parsed out of the recommendation's texts and compared with the same quantities computed here from
+# the rule's inputs by another route: the host-compute stretches (ctx.host_stretches) rather than the idle table's
+# column, and host_compute_ns rather than duration less launch-bound time.
+
+_NUMBER = r"(-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
+# the words a title may write in capitals: a title is a sentence (its first word capitalised, the rest lower case)
+_ACRONYMS = {"GPU", "CPU", "CUDA", "NVTX", "GEMM"}
+
+
+def _numbers(pattern: str, text: str) -> list[float]:
+    """The numbers of ``pattern`` (``{}`` where a number stands, the rest literal) found in ``text``."""
+    found = re.search(re.escape(pattern).replace(r"\{\}", _NUMBER), text)
+    assert found, (pattern, text)
+    return [float(g) for g in found.groups()]
+
+
+def _is_sentence(title: str) -> bool:
+    first, *rest = title.split()
+    return first[0].isupper() and first[1:].islower() and all(w.islower() or w in _ACRONYMS for w in rest)
+
+
+def test_host_compute_texts_give_the_stretches_numbers(context):
+    """input_pipeline_bad makes each batch on the CPU in the launching thread before the step's first
+    kernel (H200). The recommendation's title is a sentence; its estimate and evidence give the
+    threshold of a stretch in ms (HOST_COMPUTE_STRETCH_NS, a whole number of ms: shown exactly), the
+    idle per step, its share of the step, its part before the step's first kernel, the stretches per
+    step and the longest one, each as the stretches themselves add up (2 decimals: within 0.005 ms;
+    the share as a whole percentage: within 0.5)."""
+    _, ctx = context("input_pipeline_bad")
+    stretches, n = ctx.host_stretches, ctx.n_steps
+    ns = stretches["ns"].sum() / n
+    at_start = stretches.loc[stretches["at_step_start"].astype(bool), "ns"].sum() / n
+    assert ns >= host.HOST_COMPUTE_SHARE * ctx.step_ns and at_start > 0
+    threshold_ms = HOST_COMPUTE_STRETCH_NS / 1e6
+    assert threshold_ms == int(threshold_ms)
+
+    rec = host.host_compute(ctx)
+    assert rec.rule_id == "GD-HOST-COMPUTE" and _is_sentence(rec.title), rec.title
+    assert rec.saving_ns_per_step == pytest.approx(ns, rel=1e-9)
+    assert _numbers("with no CUDA call for over {} ms: ", rec.estimate) == [threshold_ms]
+    ms, share, start_ms = _numbers("{} ms/step of GPU idle with an empty launch queue while the launching thread ran "
+                                   "CPU work ({} % of the step), {} ms/step of it before the step's first kernel",
+                                   rec.evidence[0])
+    assert abs(ms - ns / 1e6) <= 0.005 and abs(start_ms - at_start / 1e6) <= 0.005
+    assert abs(share - 100 * ns / ctx.step_ns) <= 0.5
+    longest = stretches["ns"].max()
+    per_step, over, longest_ms, step = _numbers("{} stretches/step with no CUDA call for over {} ms; the longest left "
+                                                "the GPU idle {} ms (step {})", rec.evidence[1])
+    assert abs(per_step - len(stretches) / n) <= 0.05 and over == threshold_ms
+    assert abs(longest_ms - longest / 1e6) <= 0.005 and step in set(stretches.loc[stretches["ns"] == longest, "step"])
+
+
+@pytest.mark.parametrize("moved", [0.0, 0.2])
+def test_overhead_bound_names_the_host_compute_it_leaves_out(context, moved):
+    """Swin-T training (H200): GD-OVERHEAD-BOUND fires on launch-bound idle between kernels, and its
+    evidence names the host-bound idle between kernels it does not count (host compute, the
+    GD-HOST-COMPUTE rule's) in ms/step: on the capture as analysed there is none (no such line); with
+    the longest host-bound gaps between kernels, up to ``moved`` of their time, turned into host
+    compute (their host_compute_ns the gap, launch_bound_ns 0, as the split would record a CPU stretch
+    over them), the line gives the host compute per step of those gaps (within 0.005 ms), and the
+    saving is the launch-bound rest."""
+    _, ctx = context("swin_t_train_bf16")
+    idle = ctx.idle.copy()
+    between = idle["host_bound"] & ~idle["at_step_start"]
+    assert idle.loc[between, "host_compute_ns"].sum() == 0
+    gaps = idle.loc[between, "duration_ns"].sort_values(ascending=False, kind="stable")
+    chosen = gaps.index[gaps.cumsum() <= moved * gaps.sum()]
+    assert (len(chosen) > 0) == (moved > 0)
+    idle.loc[chosen, "host_compute_ns"] = idle.loc[chosen, "duration_ns"]
+    idle.loc[chosen, "launch_bound_ns"] = 0
+    compute = idle.loc[between, "host_compute_ns"].sum() / ctx.n_steps
+    launch = idle.loc[between & (idle["host_compute_ns"] == 0), "duration_ns"].sum() / ctx.n_steps
+    assert launch >= 0.15 * ctx.step_ns
+
+    rec = host.overhead_bound(dataclasses.replace(ctx, idle=idle))
+    assert rec.rule_id == "GD-OVERHEAD-BOUND" and _is_sentence(rec.title), rec.title
+    assert rec.saving_ns_per_step == pytest.approx(launch, rel=1e-9)
+    ms = _numbers("{} ms/step of GPU idle with an empty launch queue", rec.evidence[0])[0]
+    assert abs(ms - launch / 1e6) <= 0.005
+    lines = [e for e in rec.evidence if e.startswith("not counted: ")]
+    if not compute:
+        assert lines == []
+        return
+    assert len(lines) == 1
+    (shown,) = _numbers("not counted: {} ms/step of host-bound idle between kernels", lines[0])
+    assert shown > 0 and abs(shown - compute / 1e6) <= 0.005
