@@ -15,6 +15,7 @@ import pytest
 from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, op_cost
 from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES
 from conftest import status_of
+from step_oracles import copies_by_step
 
 # small real captures (H200 and H100): shapes, ncu, no shapes, data flow, an input stall, inference
 CLASSIFIED = ["rmsnorm_train", "tiny_gemm_gelu", "zoo_vit", "towers_inference", "input_pipeline_bad"]
@@ -140,26 +141,12 @@ def _steps(report) -> list[dict]:
     return report["steps"]["per_step"]
 
 
-def _copies_by_step(db, steps: pd.DataFrame) -> dict[int, float]:
-    """ns of copies and memsets per step, each in the step whose range holds its launch call."""
-    rows = db.conn.execute(
-        "SELECT r.start_ns, c.duration_ns FROM (SELECT correlation_id, global_pid, duration_ns FROM memcpy"
-        " UNION ALL SELECT correlation_id, global_pid, duration_ns FROM memset) c"
-        " JOIN runtime_api r ON r.correlation_id = c.correlation_id AND r.global_pid = c.global_pid").fetchall()
-    out: dict[int, float] = {}
-    for api_start, duration in rows:
-        for s in steps.itertuples():
-            if s.cpu_start_ns <= api_start < s.cpu_end_ns:
-                out[int(s.step)] = out.get(int(s.step), 0.0) + duration
-    return out
-
-
 @pytest.mark.parametrize("name", ["rmsnorm_train", "input_pipeline_bad", "towers_inference", "mlp_chain_b4096"])
 def test_per_step_class_times_are_kernel_sums_scaled_to_the_busy_time(name, analysed):
     db, report = analysed(name)
     k = _kernels(db)
     steps = pd.read_sql_query("SELECT * FROM steps", db.conn)
-    copies = _copies_by_step(db, steps)
+    copies = copies_by_step(db.conn, steps)
     measured = [e for e in _steps(report) if "compute_ns" in e]
     assert measured
     for e in measured:

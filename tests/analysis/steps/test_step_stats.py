@@ -17,6 +17,7 @@ import sqlite3
 import pandas as pd
 import pytest
 from conftest import status_of
+from step_oracles import copies_by_step
 
 from gpudiag.analysis.gate import metrics_from
 from gpudiag.analysis.ingest import ingest
@@ -35,20 +36,6 @@ def _kernels(conn) -> pd.DataFrame:
 
 def _in_module(k: pd.DataFrame, module: str) -> pd.Series:
     return (k["module"] == module) | k["module"].str.startswith(module + ".")
-
-
-def _copies_by_step(conn, steps: pd.DataFrame) -> dict[int, float]:
-    """ns of copies and memsets per step, each in the step whose host range holds its launch call."""
-    rows = conn.execute(
-        "SELECT r.start_ns, c.duration_ns FROM (SELECT correlation_id, global_pid, duration_ns FROM memcpy"
-        " UNION ALL SELECT correlation_id, global_pid, duration_ns FROM memset) c"
-        " JOIN runtime_api r ON r.correlation_id = c.correlation_id AND r.global_pid = c.global_pid").fetchall()
-    out: dict[int, float] = {}
-    for api_start, duration in rows:
-        for s in steps.itertuples():
-            if s.cpu_start_ns <= api_start < s.cpu_end_ns:
-                out[int(s.step)] = out.get(int(s.step), 0.0) + duration
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +79,7 @@ def test_a_step_without_a_class_a_family_or_a_module_gives_zeros_to_the_gate(edi
     entry = next(e for e in report["steps"]["per_step"] if e["step"] == STEP)
     by_class = {c: float(mine.loc[mine["kernel_class"] == c, "duration_ns"].sum())
                 for c in ("compute", "bandwidth", "overhead", "communication")}
-    by_class["bandwidth"] += _copies_by_step(conn, steps).get(STEP, 0.0)
+    by_class["bandwidth"] += copies_by_step(conn, steps).get(STEP, 0.0)
     assert by_class["overhead"] == 0.0
     scale = entry["busy_ns"] / sum(by_class.values())
     for c, ns in by_class.items():
