@@ -172,14 +172,13 @@ def input_stall(ctx: RuleContext) -> Recommendation | None:
 
 
 # PyTorch's fused optimizers (``fused=True``) run one multi-tensor kernel per chunk of parameters; its
-# demangled name carries the functor of aten/src/ATen/native/cuda/: FusedAdamMathFunctor
-# (fused_adam_impl.cu, and fused_adamw_impl.cu with ADAM_MODE::ADAMW: Adam and AdamW),
-# FusedSgdMathFunctor (FusedSgdKernel.cu: SGD with or without momentum), FusedAdagradMathFunctor
-# (fused_adagrad_impl.cu). As nsys names AdamW's: "void at::native::<unnamed>::multi_tensor_apply_kernel<
-# at::native::<unnamed>::FusedOptimizerTensorListMetadata<(int)4>, at::native::<unnamed>::FusedAdamMathFunctor<
-# float, (int)4, (at::native::ADAM_MODE)1, (bool)0>, …>" (tests/fixtures/rmsnorm_train, H200). The
-# foreach (unfused) kernels carry other functors (BinaryOpListAlphaFunctor, PointwiseOpScalarListFunctor, …).
-FUSED_OPTIMIZER_KERNEL = re.compile(r"Fused(?:Adam|Sgd|Adagrad)MathFunctor")
+# demangled name carries the functor of aten/src/ATen/native/cuda/: FusedAdamMathFunctor (Adam and
+# AdamW: ADAM_MODE 0 and 1) and FusedSgdMathFunctor (SGD, with or without momentum), as captured on an
+# H100 with torch 2.11 (tests/fixtures/fused_optimizers), e.g. "void at::native::<unnamed>::
+# multi_tensor_apply_kernel<at::native::<unnamed>::TensorListMetadata<(int)2>, at::native::<unnamed>::
+# FusedSgdMathFunctor<float, (int)2>, …>". Fused Adagrad runs on the CPU only (torch 2.11 refuses CUDA
+# parameters). The foreach (unfused) kernels carry other functors (BinaryOpListAlphaFunctor, …).
+FUSED_OPTIMIZER_KERNEL = re.compile(r"Fused(?:Adam|Sgd)MathFunctor")
 
 
 def unfused_optimizer(ctx: RuleContext) -> Recommendation | None:

@@ -1,16 +1,21 @@
 """Host-side rules (``analysis/rules/host.py``) on what the committed captures do not show
 (issue 35 part 6, survivors of a fresh mutation draw): pinned copies from the device to the host
-in the pinned rate of GD-PAGEABLE-COPY, and the fused-optimizer kernels of PyTorch's other fused
-optimizers (SGD, Adagrad, Adam) in GD-UNFUSED-OPTIMIZER; and the texts of GD-HOST-COMPUTE (title,
+in the pinned rate of GD-PAGEABLE-COPY, and the kernels of PyTorch's fused optimizers (SGD, SGD with
+momentum, Adam, AdamW; captured on an H100) in GD-UNFUSED-OPTIMIZER; and the texts of GD-HOST-COMPUTE (title,
 threshold, ms/step, share of the step) and GD-OVERHEAD-BOUND (the host compute it does not count),
 survivors of the seed-256679 draw. Each test uses (or edits) the rule context the analysis built for
-a real capture; the oracles are SQL on the run database, the kernel names of PyTorch's CUDA sources,
+a real capture; the oracles are SQL on the run database and on the exports,
 and the rule's inputs added up another way (the host-compute stretches, the idle split's columns)."""
 
 from __future__ import annotations
 
 import dataclasses
+import lzma
 import re
+import sqlite3
+import tempfile
+from contextlib import closing
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -72,31 +77,46 @@ def test_pinned_copies_to_the_host_count_in_the_pinned_rate(context, flipped):
     assert rec.estimate == "pageable copy time minus the same bytes at this run's pinned rate (copies of 1 MB or more)"
 
 
-# The names nsys gives the kernels of PyTorch's fused optimizers: the AdamW one as captured
-# (input_pipeline_good, rmsnorm_train: AdamW(fused=True)); the others built the same way from the
-# template arguments in PyTorch's aten/src/ATen/native/cuda/ sources: fused_adam_impl.cu (Adam,
-# ADAM_MODE::ORIGINAL = 0), FusedSgdKernel.cu (multi_tensor_apply<2> without momentum, <3> with a
-# momentum buffer), fused_adagrad_impl.cu.
-_NS = "at::native::<unnamed>::"
-FUSED_KERNELS = {
-    "AdamW": (f"void {_NS}multi_tensor_apply_kernel<{_NS}FusedOptimizerTensorListMetadata<(int)4>, "
-              f"{_NS}FusedAdamMathFunctor<float, (int)4, (at::native::ADAM_MODE)1, (bool)0>, const float *, double, double, "
-              "double, double, double, bool, const float *, const float *>(T1, T2, T3...)"),
-    "Adam": (f"void {_NS}multi_tensor_apply_kernel<{_NS}FusedOptimizerTensorListMetadata<(int)4>, "
-             f"{_NS}FusedAdamMathFunctor<c10::BFloat16, (int)4, (at::native::ADAM_MODE)0, (bool)0>, const float *, double, "
-             "double, double, double, double, bool, const float *, const float *>(T1, T2, T3...)"),
-    "SGD": (f"void {_NS}multi_tensor_apply_kernel<{_NS}TensorListMetadata<(int)2>, {_NS}FusedSgdMathFunctor<float, (int)2>, "
-            "double, double, double, double, bool, bool, bool, const float *, const float *>(T1, T2, T3...)"),
-    "SGD with momentum": (f"void {_NS}multi_tensor_apply_kernel<{_NS}TensorListMetadata<(int)3>, "
-                          f"{_NS}FusedSgdMathFunctor<float, (int)3>, double, double, double, double, bool, bool, bool, "
-                          "const float *, const float *>(T1, T2, T3...)"),
-    "Adagrad": (f"void {_NS}multi_tensor_apply_kernel<{_NS}FusedOptimizerTensorListMetadata<(int)3>, "
-                f"{_NS}FusedAdagradMathFunctor<float>, const float *, double, double, double, double, bool, const float *, "
-                "const float *>(T1, T2, T3...)"),
-}
+# The kernels of PyTorch's fused and foreach optimizers as nsys named them (H100, torch 2.11):
+# tests/fixtures/fused_optimizers, each optimizer's step() inside an NVTX range "<name> fused=True float32"
+# or "<name> foreach=True float32" (capture.py there).
+FUSED_EXPORT = Path(__file__).parents[2] / "fixtures" / "fused_optimizers" / "fused_optimizers.sqlite.xz"
+OPTIMIZERS = ("SGD", "SGD momentum", "Adam", "AdamW")
 
 
-@pytest.mark.parametrize("optimizer", sorted(FUSED_KERNELS))
+def _kernels_by_range() -> dict[str, list[str]]:
+    """NVTX range text -> the demangled names of the kernels launched inside it (SQL on the export)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = Path(tmp) / "export.sqlite"
+        plain.write_bytes(lzma.open(FUSED_EXPORT).read())
+        with closing(sqlite3.connect(plain)) as con:
+            rows = con.execute(
+                "SELECT n.text, s.value FROM NVTX_EVENTS n JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.globalTid = n.globalTid"
+                " AND r.start >= n.start AND r.end <= n.end JOIN CUPTI_ACTIVITY_KIND_KERNEL k"
+                " ON k.correlationId = r.correlationId JOIN StringIds s ON s.id = k.demangledName"
+                " WHERE n.text IS NOT NULL").fetchall()
+    out: dict[str, list[str]] = {}
+    for text, name in rows:
+        out.setdefault(text, []).append(name)
+    return out
+
+
+KERNELS_BY_RANGE = _kernels_by_range()
+FUSED_KERNELS = {opt: next(n for n in KERNELS_BY_RANGE[f"{opt} fused=True float32"] if "Fused" in n)
+                 for opt in OPTIMIZERS}
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_the_fused_optimizer_pattern_tells_fused_from_foreach_kernels(optimizer):
+    """In the capture, each fused=True step launches a kernel the pattern matches; no kernel of a
+    foreach=True step does (their multi-tensor kernels carry the foreach functors)."""
+    fused = KERNELS_BY_RANGE[f"{optimizer} fused=True float32"]
+    foreach = KERNELS_BY_RANGE[f"{optimizer} foreach=True float32"]
+    assert sum(bool(host.FUSED_OPTIMIZER_KERNEL.search(n)) for n in fused) == 3  # one per step()
+    assert foreach and not any(host.FUSED_OPTIMIZER_KERNEL.search(n) for n in foreach)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_every_fused_optimizer_kernel_silences_the_rule(context, optimizer):
     """input_pipeline_good's AdamW(fused=True) launches 2 optimizer kernels per step (the fused
     kernel and the step-count add), repeated here to 10 per step. With its fused kernel as any of
