@@ -12,6 +12,9 @@ one is the fp32 script a user starts from.
 
 Hand changes (``--hand``, repeatable):
 - ``compile``: ``model = torch.compile(model)``
+- ``compile-graphs``: ``model = torch.compile(model, mode="reduce-overhead")`` with
+  ``torch.compiler.cudagraph_mark_step_begin()`` at each step, the optimizer left eager: the form
+  gpudiag's ``compile-graphs`` trial applies
 - ``bf16-autocast``: the forward under ``torch.autocast("cuda", dtype=torch.bfloat16)``
 - ``fused-optimizer``: ``AdamW(..., fused=True)``
 - ``tf32``: ``torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True``
@@ -28,7 +31,7 @@ import steptime
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    steptime.add_arguments(parser, hands=("compile", "bf16-autocast", "fused-optimizer", "tf32"))
+    steptime.add_arguments(parser, hands=("compile", "compile-graphs", "bf16-autocast", "fused-optimizer", "tf32"))
     parser.add_argument("--batch", type=int, default=None, help="default 16 (2 with --tiny)")
     args = parser.parse_args()
     device = steptime.device_of(args)
@@ -53,6 +56,8 @@ def main() -> None:
                                   **({"fused": True} if "fused-optimizer" in args.hand else {}))
     if "compile" in args.hand:
         model = torch.compile(model)
+    if "compile-graphs" in args.hand:
+        model = torch.compile(model, mode="reduce-overhead")
     g = torch.Generator().manual_seed(1)
     src = torch.randint(3, config.vocab_size, (batch, src_len), generator=g).to(device)
     tgt = torch.randint(3, config.vocab_size, (batch, tgt_len), generator=g).to(device)
@@ -66,6 +71,8 @@ def main() -> None:
     try:
         while args.steps is None or clock.steps < args.steps:
             optimizer.zero_grad(set_to_none=True)
+            if "compile-graphs" in args.hand:
+                torch.compiler.cudagraph_mark_step_begin()
             with autocast():
                 loss = model(input_ids=src, attention_mask=mask, labels=tgt).loss
             loss.backward()
