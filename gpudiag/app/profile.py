@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from gpudiag.app.options import AnalysisOptions
 from gpudiag.app.profile_setup import (default_run_dir, prepare_run_dir, rank_run_dir, target, terminal_of_rank,
                                        under_torchrun)
 from gpudiag.app.profile_steps import (analyse_interrupted, cached_calibration, interrupted, keep_bare_run,
-                                       run_trials, verify)
+                                       record_stage_times, run_trials, verify)
 from gpudiag.app.progress import Feedback, StageTracker
 from gpudiag.capture import nsys
 from gpudiag.capture.instrument import CaptureConfig, detect_step_mode
@@ -104,9 +105,12 @@ def _capture_and_report(job: Job, stage: StageTracker, feedback: Feedback) -> in
 
     calibration = cached_calibration(result.sqlite, run_dir, feedback.echo)
     show = (lambda report: feedback.show_report(report, run_dir))
+    parts: dict[str, float] = {}
     with stage("[3/3] analysing"):
         report = analyse_and_report(result.sqlite, run_dir, job.analysis, status=result.status,
-                                    calibration=calibration, top=max(20, job.ncu_top if job.use_ncu else 0), show=show)
+                                    calibration=calibration, top=max(20, job.ncu_top if job.use_ncu else 0), show=show,
+                                    times=parts)
+    record_stage_times(run_dir, stage.seconds, parts, result.status, feedback.echo)
     detail = report["steps"]["detail_step"]
     if job.use_ncu and detail is not None and report["top_kernels"]:
         names = [k["name"] for k in report["top_kernels"][:job.ncu_top]]
@@ -122,7 +126,10 @@ def _capture_and_report(job: Job, stage: StageTracker, feedback: Feedback) -> in
     if job.verify:
         verify(run_dir, echo=feedback.echo)
     if job.asked_changes != []:
+        start = time.perf_counter()  # not a stage: the trials print their own lines
         run_trials(job, result.status, feedback)
+        stage.seconds["trials"] = time.perf_counter() - start
+        record_stage_times(run_dir, stage.seconds, parts, result.status)
     return code
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
-from gpudiag.app.progress import Feedback, StageTracker
+from gpudiag.app.progress import Feedback, StageTracker, stage_times_line
 from gpudiag.capture import calibrate
 from gpudiag.capture.run import STATUS_NAME, mark_interrupted
 from gpudiag.errors import UserError
@@ -112,6 +113,26 @@ def verify(run_dir: Path, echo) -> None:
 BARE_KEYS = ("exit_code", "exception", "steps_completed", "step_wall_ns", "step_gpu_ns", "step_mode",
              "warmup_steps", "startup_ns", "warmup_ns", "samples_per_step", "generate_forwards",
              "root_parameters", "first_input_shape", "ranks")
+
+
+STAGE_TIMES_NAME = "stage_times.json"
+
+
+def record_stage_times(run_dir: Path, seconds: dict[str, float], parts: dict[str, float], status: dict | None,
+                       echo=None) -> None:
+    """Write the wall time of each stage of ``gpudiag profile`` into the run directory's
+    stage_times.json (``stages_s``: stage -> seconds in the order run, ``analysing_parts_s``: the
+    analysis stage's parts, ``report_after_script_s``: from the end of the profiled script, the
+    launcher's ``ended_unix_s`` in ``status``, to now; None without it) and, with ``echo``, show it
+    in one line: what a user waits for after the script's window, measured (docs/scale.md,
+    "gpudiag profile end to end")."""
+    ended = (status or {}).get("ended_unix_s")
+    after = time.time() - ended if isinstance(ended, (int, float)) else None
+    (run_dir / STAGE_TIMES_NAME).write_text(json.dumps({"stages_s": seconds, "analysing_parts_s": parts,
+                                                        "report_after_script_s": after}, indent=1))
+    if echo is not None:
+        echo(stage_times_line(seconds, parts) + (f"; the report came {after:.1f} s after the script ended"
+                                                 if after is not None else ""))
 
 
 def keep_bare_run(bare: dict, run_dir: Path, status: dict) -> None:

@@ -5,6 +5,7 @@ with ``print``)."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,18 +37,35 @@ class Feedback:
 
 class StageTracker:
     """A ``stage(text)`` factory that remembers which stage ``gpudiag profile`` is in (``name``) and
-    whether it is still running, for the interrupted marker."""
+    whether it is still running, for the interrupted marker, and the wall time of each stage
+    (``seconds``: stage name -> seconds, summed when a stage runs twice; ``time.perf_counter``)."""
 
     def __init__(self, stage_factory) -> None:
         self.name, self.running = "setup", True
+        self.seconds: dict[str, float] = {}
         self._factory = stage_factory
 
     @contextmanager
     def __call__(self, text: str):
-        self.name, self.running = stage_name(text), True
-        with self._factory(text):
-            yield
+        name = self.name = stage_name(text)
+        self.running = True
+        start = time.perf_counter()
+        try:
+            with self._factory(text):
+                yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
         self.running = False
+
+
+def stage_times_line(seconds: dict[str, float], parts: dict[str, float] | None = None) -> str:
+    """The terminal's line of the time each stage took: ``seconds`` (stage -> s, in the order run),
+    ``parts`` (the analysis stage's parts, shown in brackets after it)."""
+    shown = []
+    for name, s in seconds.items():
+        inner = f" ({', '.join(f'{p} {v:.1f} s' for p, v in parts.items())})" if parts and name == "analysing" else ""
+        shown.append(f"{name} {s:.1f} s{inner}")
+    return "time by stage: " + ", ".join(shown)
 
 
 def stage_name(text: str) -> str:

@@ -5,7 +5,9 @@ analysis, :func:`gpudiag.load`)."""
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,9 +30,20 @@ def write_reports(result: dict, out_dir: Path) -> None:
     write_atomically({out_dir / "report.json": json_report.to_json(result), out_dir / "report.html": html.render(result)})
 
 
+@contextmanager
+def _timed(times: dict[str, float] | None, name: str):
+    """Adds the wall time of the block, in seconds, to ``times[name]`` (when ``times`` is given)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if times is not None:
+            times[name] = times.get(name, 0.0) + time.perf_counter() - start
+
+
 def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: AnalysisOptions, status: dict | None = None,
                        ncu: Path | None = None, calibration: dict | None = None, top: int = 20,
-                       notes: list[str] | None = None) -> dict:
+                       notes: list[str] | None = None, times: dict[str, float] | None = None) -> dict:
     """The analysis of ``export`` (``.sqlite`` or ``.sqlite.xz``, or a list of them: the exports of one
     job's ranks, :func:`gpudiag.analysis.ingest.ingest_many`; ``ncu``: its Nsight Compute report,
     ``.ncu-rep`` or ``.ncu-rep.xz``): ingested into the run database ``db_path``, then analysed into
@@ -39,7 +52,8 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
     (:func:`read_calibration`); ``top``: how many kernels the kernel tables keep. The ranks of a
     several-process job are analysed where ``options`` says (Dask or a process pool); ``notes``, if
     given, receives the lines the terminal shows about them (:mod:`gpudiag.app.ranks`: the engine,
-    exports that cannot be one job's ranks), never written into the report.
+    exports that cannot be one job's ranks), never written into the report. ``times``, if given,
+    receives the seconds spent "reading the export" and in the "analysis".
 
     The one analysis path of ``gpudiag report``, ``gpudiag profile`` and :func:`gpudiag.load`.
     Raises UserError naming the user's files: exit 2 for a file that is not an export or ncu report
@@ -51,7 +65,8 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
 
     exports = list(export) if isinstance(export, (list, tuple)) else [export]
     label = exports[0] if len(exports) == 1 else Path(f"{exports[0]} (+{len(exports) - 1} more exports)")
-    db = _ingest(exports, db_path, ncu, notes)
+    with _timed(times, "reading the export"):
+        db = _ingest(exports, db_path, ncu, notes)
     warmup = options.warmup_steps if options.warmup_steps is not None else (status or {}).get("warmup_steps", 2)
     # A step-window capture starts at the warm-up's last step: only the warm-up steps it holds count.
     first_captured = (status or {}).get("capture_started_step")
@@ -62,8 +77,9 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
     engine = RankEngine(scheduler=options.scheduler, dask=options.dask,
                         **({"worker_memory": options.worker_memory} if options.worker_memory else {}))
     try:
-        result = analyse(db, warmup_steps=warmup, steps_from=steps_from, status=status, calibration=calibration,
-                         top=top, ranks_engine=engine)
+        with _timed(times, "analysis"):
+            result = analyse(db, warmup_steps=warmup, steps_from=steps_from, status=status, calibration=calibration,
+                             top=top, ranks_engine=engine)
         if (status or {}).get("trials") is not None:  # the run's trials, kept in its status by gpudiag profile
             from gpudiag.trials.results import attach
 
@@ -125,18 +141,22 @@ def _own_folder(tmp: Path, index: int) -> Path:
 
 def analyse_and_report(export: Path | list[Path], out_dir: Path, options: AnalysisOptions, status: dict | None = None,
                        ncu: Path | None = None, calibration: dict | None = None, top: int = 20,
-                       show: Callable[[dict], None] | None = None, notes: list[str] | None = None) -> dict:
+                       show: Callable[[dict], None] | None = None, notes: list[str] | None = None,
+                       times: dict[str, float] | None = None) -> dict:
     """Ingest ``export`` (``.sqlite`` or ``.sqlite.xz``, plus the Nsight Compute report ``ncu`` if
     given, ``.ncu-rep`` or ``.ncu-rep.xz``) into ``out_dir``/run.sqlite, analyse it and write
     report.html and report.json there; then ``show(result)`` (the face prints its summary). When it
     fails, the folders it created are removed again (a folder that existed before is left alone).
-    Returns report.json's content; raises UserError as :func:`ingest_and_analyse`."""
+    ``times``, if given, receives the seconds of each part: "reading the export", "analysis" and
+    "report files" (report.json and report.html). Returns report.json's content; raises UserError as
+    :func:`ingest_and_analyse`."""
     created = make_output_folder(out_dir)
     with written_or_removed(out_dir, created):  # also Ctrl-C: a half-written report folder only misleads
         # the run database under its partial name until the reports are written (see commit)
         result = ingest_and_analyse(export, partial(out_dir / "run.sqlite"), options, status, ncu, calibration, top,
-                                    notes)
-        write_reports(result, out_dir)
+                                    notes, times)
+        with _timed(times, "report files"):
+            write_reports(result, out_dir)
         commit(out_dir / "run.sqlite")
     if show is not None:
         show(result)

@@ -62,17 +62,20 @@ def locate_nsys(explicit: str | None = None) -> Path:
 
 
 def profile_command(nsys: Path, report_base: Path, launcher_args: list[str], capture_range: bool = False) -> list[str]:
-    """``nsys profile`` command line tracing CUDA (graphs per node), NVTX and OS runtime calls.
+    """``nsys profile`` command line tracing CUDA (graphs per node) and NVTX.
 
-    CPU sampling and context switches are off: gpudiag reads neither, and they dominate export
-    size. ``report_base`` has no extension; nsys appends ``.nsys-rep``. With ``capture_range``
+    OS runtime calls (``osrt``), CPU sampling and context switches are not traced: gpudiag reads
+    none of them. Sampling and context switches dominate export size; ``osrt`` doubled the
+    profiler's inflation of a UNet training step on an H100 (1.0 % against 0.56 %, two interleaved
+    runs each) and traced every DataLoader worker's system calls (docs/scale.md, "gpudiag profile
+    end to end"). ``report_base`` has no extension; nsys appends ``.nsys-rep``. With ``capture_range``
     nsys records only between the launcher's ``cudaProfilerStart`` and ``cudaProfilerStop``
     (``--capture-range=cudaProfilerApi``; ``--capture-range-end=stop`` lets the application run
     on after the stop instead of being killed, as the default ``stop-shutdown`` would)."""
     window = ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"] if capture_range else []
     return [
         str(nsys), "profile",
-        "--trace=cuda,nvtx,osrt",
+        "--trace=cuda,nvtx",
         "--cuda-graph-trace=node",
         "--sample=none", "--cpuctxsw=none",
         "--force-overwrite=true",

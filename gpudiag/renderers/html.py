@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import functools
 import html
+import os
 import re
 from pathlib import Path
 
@@ -89,10 +90,34 @@ def evidence_text(text: str) -> str:
     return _ADDRESS.sub("", "".join(out))
 
 
+class _QuietBytecodeCache(jinja2.FileSystemBytecodeCache):
+    """A cache that a full or read-only disk never turns into a failed report: the compiled
+    template is then not kept, and the next run compiles it again."""
+
+    def dump_bytecode(self, bucket) -> None:
+        try:
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """jinja2's cache of compiled templates in ``$XDG_CACHE_HOME/gpudiag/jinja`` (``~/.cache`` by
+    default), None where that folder cannot be made: compiling report.html took 0.37 of a small
+    report's 0.64 s of HTML on the CPU machine, each run (docs/scale.md, "gpudiag profile end to end").
+    jinja2 keys each entry by the template's source checksum and its own version."""
+    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpudiag" / "jinja"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return _QuietBytecodeCache(str(folder))
+
+
 @functools.lru_cache(maxsize=1)  # compiling the template takes ~0.3 s; once per process is enough
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("gpudiag", "templates"),
+        loader=jinja2.PackageLoader("gpudiag", "templates"), bytecode_cache=_bytecode_cache(),
         autoescape=jinja2.select_autoescape(["html"]),
         undefined=jinja2.StrictUndefined,
     )

@@ -9,6 +9,7 @@ process itself never calls ``install``.
 from __future__ import annotations
 
 import json
+import time
 import os
 import re
 import stat
@@ -654,9 +655,25 @@ for _ in range(3):
 print("training done")
 """)
     run_dir = tmp_path / "run"
+    started = time.perf_counter()
     result = profile_cli(str(script), "-o", str(run_dir), "--nsys", str(fake_nsys), "--", "--epochs", "1")
+    wall_s = time.perf_counter() - started
     assert result.exit_code == 0, result.output
     assert RUN_DIR_FILES <= {p.name for p in run_dir.iterdir()}
+    # each stage's wall time, in the order run, within the command's own wall time (measured here)
+    times = json.loads((run_dir / "stage_times.json").read_text())
+    stages, parts = times["stages_s"], times["analysing_parts_s"]
+    assert list(stages)[:4] == ["bare timing", "profiling", "exporting", "analysing"]
+    assert all(v >= 0 for v in (*stages.values(), *parts.values())) and sum(stages.values()) <= wall_s
+    assert list(parts) == ["reading the export", "analysis", "report files"] and sum(parts.values()) <= stages["analysing"]
+    line = next(x for x in result.output.splitlines() if x.startswith("time by stage: "))
+    assert line.startswith(f"time by stage: bare timing {stages['bare timing']:.1f} s, profiling ")
+    assert f"analysing {stages['analysing']:.1f} s (reading the export {parts['reading the export']:.1f} s, " in line
+    # the script ended inside the profiling stage: the report came after it, by at most the later stages and the trials
+    after = times["report_after_script_s"]
+    later = stages["exporting"] + stages["analysing"] + stages.get("trials", 0.0)
+    assert later <= after <= later + stages["profiling"] + stages.get("trials", 0.0) + 1.0
+    assert line.endswith(f"; the report came {after:.1f} s after the script ended") or "trials" in stages
     assert "report.html" in result.output and "training done" in result.output
     for stage in ("[1/3]", "[2/3]", "[3/3]"):
         assert stage in result.output
@@ -667,7 +684,7 @@ print("training done")
     assert not any("failed" in w for w in report["warnings"])
     log = (run_dir / "gpudiag.log").read_text()
     assert f"$ {fake_nsys} profile" in log and f"$ {fake_nsys} export" in log
-    assert "--trace=cuda,nvtx,osrt" in log and "training done" in log
+    assert "--trace=cuda,nvtx " in log and "osrt" not in log and "training done" in log
     # the bare run: the script once more, without nsys (its output in the log only), step wall
     # times of steps 1 and 2 (step k runs from optimizer.step() k-1 to k) in both statuses
     assert log.count("training done") == 2 and result.output.count("training done") == 1

@@ -266,3 +266,39 @@ def test_a_quote_in_a_kernel_name_shows_as_a_quote_in_the_charts(analysed):
     assert not any("&quot;" in y or "&#x27;" in y for y in labels)
     page = html.render(report)
     assert name not in page and str(markupsafe.escape(name)) in page
+
+
+def _fresh_render(report: dict, cache_home, monkeypatch) -> str:
+    """report.html rendered with jinja2's compiled-template cache under ``cache_home``."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    html._environment.cache_clear()
+    try:  # plotly names each chart's element with a random UUID
+        return re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "UUID", html.render(report))
+    finally:
+        html._environment.cache_clear()
+
+
+def test_the_compiled_template_cache_never_changes_the_page_or_fails_it(analysed, tmp_path, monkeypatch):
+    """The page is the same rendered with no cache folder, with a fresh one (which then holds the
+    compiled template), from that cache, from a damaged cache file, where the folder cannot be made
+    (its parent is a file) and where the compiled template cannot be written (a full disk)."""
+    _, report = analysed("tiny_gemm_gelu")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    plain = _fresh_render(report, blocked, monkeypatch)  # gpudiag/jinja cannot be made under a file
+    fresh = tmp_path / "cache"
+    assert _fresh_render(report, fresh, monkeypatch) == plain
+    kept = list((fresh / "gpudiag" / "jinja").iterdir())
+    assert len(kept) == 1 and kept[0].stat().st_size > 0
+    assert _fresh_render(report, fresh, monkeypatch) == plain  # read back from the cache
+    kept[0].write_bytes(b"not a compiled template")
+    assert _fresh_render(report, fresh, monkeypatch) == plain
+    # a full disk while the compiled template is written (the tests may run as root: no read-only folder)
+    import jinja2.bccache
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(jinja2.bccache.tempfile, "NamedTemporaryFile", full)
+    assert _fresh_render(report, tmp_path / "full", monkeypatch) == plain
+    assert not any((tmp_path / "full" / "gpudiag" / "jinja").iterdir())
