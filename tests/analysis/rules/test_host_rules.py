@@ -351,3 +351,15 @@ def test_idle_starting_as_a_sync_returns_counts_as_the_syncs(context, shift):
     copies, size = _numbers("{} device-to-host copies/step ({} bytes/step)", rec.evidence[1])
     assert abs(copies - len(d2h) / ctx.n_steps) <= 0.05 and abs(size - d2h["bytes"].sum() / ctx.n_steps) <= 0.5
     assert ".item()" in rec.how_to_fix and "non_blocking=True" in rec.how_to_fix
+
+
+def test_overhead_bound_on_an_idle_table_without_the_split_counts_every_gap(context):
+    """An idle table without the launch-bound/host-compute split (a run database written before
+    issue 34 part 4): every host-bound gap between kernels counts as launch-bound, so Swin-T
+    training's saving is their whole duration per step (summed here from the table)."""
+    _, ctx = context("swin_t_train_bf16")
+    idle = ctx.idle.drop(columns=["launch_bound_ns", "host_compute_ns", "host_compute_stretches"])
+    between = idle["host_bound"] & ~idle["at_step_start"]
+    rec = host.overhead_bound(dataclasses.replace(ctx, idle=idle))
+    assert rec.saving_ns_per_step == pytest.approx(idle.loc[between, "duration_ns"].sum() / ctx.n_steps, rel=1e-9)
+    assert not any(e.startswith("not counted: ") for e in rec.evidence)

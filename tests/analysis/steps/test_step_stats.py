@@ -108,3 +108,26 @@ def test_a_step_without_a_class_a_family_or_a_module_gives_zeros_to_the_gate(edi
     assert gated[f"module:{MODULE}.up"].samples[at] == 0.0
     assert gated["overhead_time"].samples[at] == pytest.approx(entry["host_bound_idle_ns"], rel=1e-12)
     assert all(math.isfinite(x) for m in gated.values() for x in m.samples)
+
+
+@pytest.mark.parametrize("name", ["input_pipeline_bad", "swin_t_train_bf16", "towers_inference"])
+def test_the_overhead_split_is_the_idle_tables_host_compute_and_the_rest(name, analysed):
+    """report.json's overhead split (issue 34 part 4): its keys name the two parts, in ns
+    (``launch_bound_ns``, ``host_compute_ns``) and in % of the mean step (``launch_bound``,
+    ``host_compute``); host compute per step is the idle section's (summed from the idle table by
+    another path, findings/sections.py); the parts add up to the breakdown's overhead, in ns and in
+    %; each per-step entry's parts add up to its host-bound idle. input_pipeline_bad makes its input
+    on the CPU (host compute), Swin-T training and towers_inference have none (all launch-bound)."""
+    _, report = analysed(name)
+    split, percent = report["overhead_split_ns_per_step"], report["overhead_split_percent"]
+    assert set(split) == {"launch_bound_ns", "host_compute_ns"} and set(percent) == {"launch_bound", "host_compute"}
+    assert split["host_compute_ns"] == pytest.approx(report["idle"]["host_compute_idle_ns_per_step"], rel=1e-9, abs=1e-6)
+    assert (split["host_compute_ns"] > 0) == (name == "input_pipeline_bad")
+    overhead = report["breakdown_ns_per_step"]["overhead_ns"]
+    assert split["launch_bound_ns"] + split["host_compute_ns"] == pytest.approx(overhead, rel=1e-9)
+    step_ns = overhead / (report["breakdown_percent"]["overhead"] / 100)  # the mean step the shares are of
+    for part in ("launch_bound", "host_compute"):
+        assert percent[part] == pytest.approx(100 * split[f"{part}_ns"] / step_ns, rel=1e-9, abs=1e-9)
+    for e in (e for e in report["steps"]["per_step"] if e["measured"]):
+        assert e["launch_bound_idle_ns"] + e["host_compute_idle_ns"] == pytest.approx(e["host_bound_idle_ns"], rel=1e-9)
+        assert e["host_compute_idle_ns"] >= 0 and (e["host_compute_idle_ns"] == 0) == (name != "input_pipeline_bad")
