@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from gpudiag.app.profile_setup import (default_run_dir, prepare_run_dir, rank_ru
                                        under_torchrun)
 from gpudiag.app.profile_steps import (analyse_interrupted, cached_calibration, interrupted, keep_bare_run,
                                        record_stage_times, run_trials, verify)
-from gpudiag.app.progress import Feedback, StageTracker
+from gpudiag.app.progress import Feedback, StageTracker, timed
 from gpudiag.capture import nsys
 from gpudiag.capture.instrument import CaptureConfig, detect_step_mode
 from gpudiag.capture.run import STATUS_NAME, CaptureError, capture, capture_bare, capture_ncu, mark_interrupted
@@ -126,9 +125,8 @@ def _capture_and_report(job: Job, stage: StageTracker, feedback: Feedback) -> in
     if job.verify:
         verify(run_dir, echo=feedback.echo)
     if job.asked_changes != []:
-        start = time.perf_counter()  # not a stage: the trials print their own lines
-        run_trials(job, result.status, feedback)
-        stage.seconds["trials"] = time.perf_counter() - start
+        with timed(stage.seconds, "trials"):  # not a stage: the trials print their own lines
+            run_trials(job, result.status, feedback)
         record_stage_times(run_dir, stage.seconds, parts, result.status)
     return code
 

@@ -49,13 +49,21 @@ class StageTracker:
     def __call__(self, text: str):
         name = self.name = stage_name(text)
         self.running = True
-        start = time.perf_counter()
-        try:
-            with self._factory(text):
-                yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+        with timed(self.seconds, name), self._factory(text):
+            yield
         self.running = False
+
+
+@contextmanager
+def timed(times: dict[str, float] | None, name: str):
+    """Adds the wall time of the block, in seconds (``time.perf_counter``), to ``times[name]``
+    when ``times`` is given; the time counts also when the block raises."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if times is not None:
+            times[name] = times.get(name, 0.0) + time.perf_counter() - start
 
 
 def stage_times_line(seconds: dict[str, float], parts: dict[str, float] | None = None) -> str:

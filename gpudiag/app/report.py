@@ -5,9 +5,7 @@ analysis, :func:`gpudiag.load`)."""
 from __future__ import annotations
 
 import tempfile
-import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from gpudiag.app.inputs import (analysis_inputs, decompressed, read_report, refu
                                 written_report)
 from gpudiag.app.options import AnalysisOptions
 from gpudiag.app.output import commit, make_output_folder, partial, write_atomically, written_or_removed
+from gpudiag.app.progress import timed
 from gpudiag.errors import UserError, internal_error
 
 # The analysis, readers and report writers (pandas, plotly, jinja2, rich) are imported in the
@@ -28,17 +27,6 @@ def write_reports(result: dict, out_dir: Path) -> None:
     from gpudiag.renderers import html, json_report
 
     write_atomically({out_dir / "report.json": json_report.to_json(result), out_dir / "report.html": html.render(result)})
-
-
-@contextmanager
-def _timed(times: dict[str, float] | None, name: str):
-    """Adds the wall time of the block, in seconds, to ``times[name]`` (when ``times`` is given)."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        if times is not None:
-            times[name] = times.get(name, 0.0) + time.perf_counter() - start
 
 
 def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: AnalysisOptions, status: dict | None = None,
@@ -65,7 +53,7 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
 
     exports = list(export) if isinstance(export, (list, tuple)) else [export]
     label = exports[0] if len(exports) == 1 else Path(f"{exports[0]} (+{len(exports) - 1} more exports)")
-    with _timed(times, "reading the export"):
+    with timed(times, "reading the export"):
         db = _ingest(exports, db_path, ncu, notes)
     warmup = options.warmup_steps if options.warmup_steps is not None else (status or {}).get("warmup_steps", 2)
     # A step-window capture starts at the warm-up's last step: only the warm-up steps it holds count.
@@ -77,7 +65,7 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
     engine = RankEngine(scheduler=options.scheduler, dask=options.dask,
                         **({"worker_memory": options.worker_memory} if options.worker_memory else {}))
     try:
-        with _timed(times, "analysis"):
+        with timed(times, "analysis"):
             result = analyse(db, warmup_steps=warmup, steps_from=steps_from, status=status, calibration=calibration,
                              top=top, ranks_engine=engine)
         if (status or {}).get("trials") is not None:  # the run's trials, kept in its status by gpudiag profile
@@ -155,7 +143,7 @@ def analyse_and_report(export: Path | list[Path], out_dir: Path, options: Analys
         # the run database under its partial name until the reports are written (see commit)
         result = ingest_and_analyse(export, partial(out_dir / "run.sqlite"), options, status, ncu, calibration, top,
                                     notes, times)
-        with _timed(times, "report files"):
+        with timed(times, "report files"):
             write_reports(result, out_dir)
         commit(out_dir / "run.sqlite")
     if show is not None:
