@@ -4,6 +4,7 @@ It holds normalized copies of the export's tables plus gpudiag's own results, so
 never reads nsys or ncu files directly. Tables (all timestamps ns, sizes bytes):
 
 - ``meta``        key/value: schema_version, gpudiag_version, source (file name), missing (JSON list)
+- ``names``       the run's kernel, API and NVTX names, each once: ``id``, ``value`` (text)
 - ``kernels``     one row per kernel instance, ``kernel_id`` = row order by start time
 - ``runtime_api`` CUDA runtime/driver API calls
 - ``memcpy``, ``memset``, ``sync``  copies, sets and synchronizations
@@ -12,7 +13,11 @@ never reads nsys or ncu files directly. Tables (all timestamps ns, sizes bytes):
 - ``ncu_kernels``  kernels measured by Nsight Compute (see :func:`gpudiag.sources.ncu.read_ncu`), if given
 - ``kernel_attribution`` kernel_id -> step, phase, module, op (with shapes where recorded)
 
-Columns are documented in :func:`gpudiag.sources.nsys_sqlite.read_export` and
+Each name is stored once (issue 36, part 1, :mod:`gpudiag.sources.names`): the rows of
+``kernels``, ``runtime_api`` and ``nvtx_ranges`` are in ``kernels_coded`` (and so on), whose name
+columns (``name``/``short_name``, ``name``, ``text``) hold ``names.id`` codes; ``kernels`` (and so
+on) is a view of the same columns with the text, so SQL reads names as text.
+:func:`read_table` reads the coded rows and gives names back dictionary-encoded. Columns are documented in :func:`gpudiag.sources.nsys_sqlite.read_export` and
 :func:`gpudiag.analysis.attribution.ranges.attribute`. ``SCHEMA_VERSION`` changes whenever a table or
 column changes meaning; readers refuse other versions with a message saying to re-run
 ``gpudiag report``.
@@ -30,9 +35,10 @@ import pandas as pd
 import sqlite_utils
 
 from gpudiag.version import __version__
+from gpudiag.sources import names
 from gpudiag.sources.columnar import as_read_back
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: name columns as codes into ``names``
 RUN_DB_NAME = "run.sqlite"
 
 EXPORT_TABLES = ("kernels", "runtime_api", "memcpy", "memset", "sync", "nvtx_ranges", "devices")
@@ -62,9 +68,20 @@ def write_table(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
 
 
 def _write(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
-    """:func:`write_table` on ``db``'s own connection, now."""
-    if name in db.table_names():
-        db[name].drop()
+    """:func:`write_table` on ``db``'s own connection, now (names as their codes)."""
+    for old in (name, names.coded_table(name)):
+        if old in db.view_names() or old in db.table_names():
+            db[old].drop()
+    if names.is_coded(df, name):  # the rows with codes; a view of the same name shows the text (store docstring)
+        _write_rows(db, names.coded_table(name), names.as_codes(df, name))
+        db.conn.execute(names.view_sql(name, names.coded_table(name), list(df.columns)))
+        db.conn.commit()
+        return
+    _write_rows(db, name, names.as_codes(df, name))
+
+
+def _write_rows(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
+    """Table ``name`` (absent) created and filled with ``df``."""
     if df.empty:
         # Keep the columns: an absent export table becomes an empty run-database table.
         db[name].create({c: str for c in df.columns} or {"_empty": str})
@@ -133,10 +150,14 @@ def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict,
     if background:
         db.conn.commit()
         _WRITERS[db] = _Writer(path)
+    dtype = names.dtype_of(tables)
+    if dtype is not None:
+        write_table(db, names.NAMES_TABLE, names.codes_frame(dtype))
+        _call(db, lambda d: d[names.NAMES_TABLE].create_index(["id"], unique=True, if_not_exists=True))
     for name, df in tables.items():
         write_table(db, name, df)
     if "kernel_id" in tables.get("kernels", pd.DataFrame()).columns:
-        _call(db, lambda d: d["kernels"].create_index(["kernel_id"], unique=True, if_not_exists=True))
+        _call(db, lambda d: d[_rows_table(d, "kernels")].create_index(["kernel_id"], unique=True, if_not_exists=True))
     # The analysis that follows reads these frames, not the file: reading millions of rows back
     # cost as much as writing them (docs/scale.md).
     _in_memory(db).update({name: as_read_back(df) for name, df in tables.items()})
@@ -227,9 +248,19 @@ def read_table(db: sqlite_utils.Database, name: str) -> pd.DataFrame:
     if writer is not None and name not in writer.pending:
         return pd.DataFrame()  # a fresh database's file holds only meta and the queued tables
     flush(db)
-    if name not in db.table_names():
+    table = _rows_table(db, name)
+    if table not in db.table_names():
         return pd.DataFrame()
-    return pd.read_sql_query(f'SELECT * FROM "{name}"', db.conn)
+    df = pd.read_sql_query(f'SELECT * FROM "{table}"', db.conn)
+    if table != name:  # names as codes: decoded through the names table, not through the view
+        df = names.decoded(df, name, pd.read_sql_query(f'SELECT * FROM "{names.NAMES_TABLE}"', db.conn))
+    return df
+
+
+def _rows_table(db: sqlite_utils.Database, name: str) -> str:
+    """The table holding ``name``'s rows: its coded table where there is one, else ``name``."""
+    coded = names.coded_table(name)
+    return coded if coded in db.table_names() else name
 
 
 _FRAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run database -> {table: frame}

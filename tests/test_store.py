@@ -40,7 +40,7 @@ def test_arrow_writes_what_to_sql_writes(name, export_path, tmp_path, monkeypatc
     bulk.conn.commit()
     plain.conn.commit()
     got, want = _contents(tmp_path / "bulk.sqlite"), _contents(tmp_path / "plain.sqlite")
-    assert got.keys() == want.keys() and {"kernels", "kernel_attribution", "kernel_class", "steps"} <= set(got)
+    assert got.keys() == want.keys() and {"kernels_coded", "names", "kernel_attribution", "kernel_class", "steps"} <= set(got)
     for table in want:
         assert got[table][0] == want[table][0], table
         assert len(got[table][1]) == len(want[table][1]), table
@@ -85,7 +85,7 @@ def test_a_background_write_gives_the_same_file_and_report(name, export_path, tm
     back.conn.commit()
     line.conn.commit()
     got, want = _contents(tmp_path / "back.sqlite"), _contents(tmp_path / "line.sqlite")
-    assert got == want and {"kernels", "kernel_attribution", "kernel_class", "steps"} <= set(got)
+    assert got == want and {"kernels_coded", "names", "kernel_attribution", "kernel_class", "steps"} <= set(got)
     assert report_back == report_line
 
 

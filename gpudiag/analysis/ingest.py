@@ -16,6 +16,7 @@ import sqlite_utils
 
 from gpudiag import store
 from gpudiag.analysis.errors import AnalysisError
+from gpudiag.sources import names
 from gpudiag.sources.ncu import read_ncu
 from gpudiag.sources.nsys_sqlite import read_export, session_start_ns
 
@@ -74,6 +75,7 @@ def ingest_many(export_paths: list[Path], db_path: Path, source_name: str | None
     origin = min((s for s in starts if s is not None), default=None)
     parts = [_tagged(read_export(p), i, (s - origin) if s is not None and origin is not None else 0)
              for i, (p, s) in enumerate(zip(export_paths, starts))]
+    names.encode(parts)  # one dictionary for the files' names: the concatenated columns keep their codes
     tables = {name: pd.concat([t[name] for t in parts if not t[name].empty] or [parts[0][name]], ignore_index=True)
               for name in store.EXPORT_TABLES}
     tables["devices"] = tables["devices"].drop_duplicates("device_id").reset_index(drop=True) \
@@ -87,9 +89,9 @@ def ingest_many(export_paths: list[Path], db_path: Path, source_name: str | None
         meta["missing"] = sorted(set(meta["missing"]) | set(part["meta"]["missing"]))
         for key in ("rows_read", "dropped_rows"):
             meta[key] = _summed(meta[key], part["meta"][key])
-    names = [p.name for p in export_paths]
-    return store.create_run_db(db_path, tables, {**meta, "source": source_name or f"{len(names)} exports: {', '.join(names)}",
-                                                 "ncu_source": None, "sources": names}, background=background)
+    files = [p.name for p in export_paths]
+    return store.create_run_db(db_path, tables, {**meta, "source": source_name or f"{len(files)} exports: {', '.join(files)}",
+                                                 "ncu_source": None, "sources": files}, background=background)
 
 
 def _tagged(export, index: int, shift_ns: int) -> dict:

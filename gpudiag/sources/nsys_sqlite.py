@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpudiag.sources import columnar, row_checks
+from gpudiag.sources import columnar, names, row_checks
 
 PID_MASK = 0xFFFFFFFFFF000000  # globalTid -> globalPid (NVIDIA nsys export documentation)
 
@@ -398,7 +398,7 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
                                   "static_smem_bytes", "dynamic_smem_bytes", "local_mem_per_thread_bytes",
                                   "graph_node_id"], dropped)
         k["name"] = _resolve(k.pop("name_id"), strings, "kernels", dropped, placeholder="unnamed kernel")
-        k["short_name"] = _resolve(k.pop("short_name_id"), strings).fillna(k["name"])
+        k["short_name"] = names.filled(_resolve(k.pop("short_name_id"), strings), k["name"])
         k = k.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
         api_parts = []
@@ -410,6 +410,7 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
             part = _select(conn, table, READ_COLUMNS[table], tables, missing)
             part["name"] = _resolve(part.pop("name_id"), strings, "runtime_api", dropped)
             api_parts.append(part)
+        names.encode([{"runtime_api": part} for part in api_parts])  # one dictionary: concat keeps the codes
         api = (pd.concat(api_parts, ignore_index=True) if api_parts else
                pd.DataFrame(columns=["start_ns", "end_ns", "global_tid", "correlation_id", "name", "return_value"]))
         rows_read["runtime_api"] = len(api)
@@ -448,9 +449,11 @@ def _read_export(path: Path, lenient: bool) -> NsysExport:
         nv = row_checks.valid_times(nv, "nvtx_ranges", dropped)
         nv["text"] = row_checks.as_text(nv["text"], "nvtx_ranges", dropped)
         from_id = _resolve(nv.pop("text_id"), strings)
-        nv["text"] = nv["text"].where(nv["text"].notna(), from_id)
+        nv["text"] = names.filled(nv["text"], from_id)
         nv["global_pid"] = _pid_of(nv["global_tid"])
         nv = nv.sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+        names.encode([{"kernels": k, "runtime_api": api, "nvtx_ranges": nv}])  # one dictionary for the run
 
         dev = _select(conn, "TARGET_INFO_GPU", READ_COLUMNS["TARGET_INFO_GPU"], tables, missing)
         dev = row_checks.unique_ids(dev, "devices", "device_id", dropped)

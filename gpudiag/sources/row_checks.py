@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gpudiag.sources import names as names_encoding
+
 NOT_A_TIME = "NULL or non-numeric start/end"
 END_BEFORE_START = "end before start"
 OUT_OF_RANGE = "start/end beyond 2**53 ns"
@@ -158,26 +160,26 @@ def id_lookup(ids: pd.Series, values: pd.Series, table: str, dropped: dict[str, 
 
 def resolve_ids(ids: pd.Series, lookup: pd.Series, table: str, what: str, dropped: dict[str, dict[str, int]],
             placeholder: str | None = None) -> pd.Series:
-    """``ids`` mapped through ``lookup`` (from :func:`id_lookup`); ids that are set but absent
-    from it resolve to NULL and are counted as ``what`` (e.g. "kernel names not in StringIds").
-    With ``placeholder``, a name that stays NULL becomes ``"<placeholder> (string id N)"``, so
-    every kernel keeps a name the report can show and group by."""
+    """``ids`` mapped through ``lookup`` (from :func:`id_lookup`), dictionary-encoded
+    (:func:`gpudiag.sources.names.categorical`); ids that are set but absent from it resolve to NULL
+    and are counted as ``what`` (e.g. "kernel names not in StringIds"). With ``placeholder``, a
+    name that stays NULL becomes ``"<placeholder> (string id N)"``, so every kernel keeps a name the
+    report can show and group by."""
     key = pd.to_numeric(ids, errors="coerce")
     key = key.where((key % 1 == 0) & (key.abs() < 2**62)).astype("Int64")
-    # Looked up once per distinct id (a few thousand names for millions of rows), then spread as
-    # references to the same text objects (the names of 1 M kernels and 2.7 M API calls: 1.9 s
-    # with Series.map, 0.7 s this way; docs/notes/measurements.md, 2026-11-26).
-    codes, distinct = pd.factorize(key)  # a NULL id gets code -1: the None appended last
+    # Looked up once per distinct id (a few thousand names for millions of rows); the rows keep
+    # codes into those names (issue 36, part 1: names once, docs/scale.md).
+    codes, distinct = pd.factorize(key)  # a NULL id gets code -1: the last value below
     names = pd.Series(distinct).map(lookup).to_numpy(dtype=object) if len(lookup) else np.full(len(distinct), None)
-    out = pd.Series(np.append(names, None)[codes], index=ids.index, dtype=object)
-    unknown = int((ids.notna() & out.isna()).sum())
+    missing = np.append(pd.isna(names), True)
+    unknown = int((ids.notna().to_numpy() & missing[codes]).sum())
     if unknown:
         dropped.setdefault(table, {})[what] = unknown
-    out = out.where(out.notna(), None)
+    values = np.append(np.where(missing[:-1], None, names), None)
     if placeholder is not None:
-        named = [f"{placeholder} (string id {i})" if pd.notna(i) else placeholder for i in key[out.isna()]]
-        out[out.isna()] = named
-    return out
+        values = np.array([f"{placeholder} (string id {i})" if v is None else v for i, v in zip(distinct, values[:-1])]
+                          + [placeholder], dtype=object)
+    return names_encoding.categorical(values, codes, ids.index)
 
 
 def required(df: pd.DataFrame, table: str, columns: list[str], dropped: dict[str, dict[str, int]]) -> pd.DataFrame:

@@ -13,7 +13,7 @@ import sqlite_utils
 
 from gpudiag import store
 from gpudiag.analysis.ingest import ingest
-from gpudiag.sources import columnar
+from gpudiag.sources import columnar, names
 from gpudiag.sources.nsys_sqlite import read_export
 
 FRAMES = ("kernels", "runtime_api", "memcpy", "memset", "sync", "nvtx_ranges", "devices")
@@ -64,7 +64,7 @@ def test_run_database_in_memory_equals_the_file(export_path, tmp_path):
 def test_run_database_written_in_slices_equals_one_write(export_path, tmp_path, monkeypatch):
     """write_table hands pandas slices of rows (bounded memory); the tables, their declared
     column types and each value's SQLite type equal one to_sql call over the whole frame (the
-    oracle), also where a column's first slice holds only NULLs."""
+    oracle; names as their codes), also where a column's first slice holds only NULLs."""
     monkeypatch.setattr(store, "ROWS_PER_WRITE", 7)
     exp = read_export(export_path("input_pipeline_good"))
     odd = pd.DataFrame({"n": [None] * 7 + [1, 2], "t": [None] * 7 + ["x", "y"], "f": [float("nan")] * 8 + [1.5]})
@@ -73,12 +73,13 @@ def test_run_database_written_in_slices_equals_one_write(export_path, tmp_path, 
     whole = sqlite3.connect(tmp_path / "whole.sqlite")
     for name, df in frames.items():
         store.write_table(sliced, name, df)
-        df.to_sql(name, whole, index=False)
-    for name, df in frames.items():
+        # names stored as their codes, in the coded table (the name is a view of it)
+        table = names.coded_table(name) if names.is_coded(df, name) else name
+        names.as_codes(df, name).to_sql(table, whole, index=False)
         assert len(df) > 7
         schema = 'SELECT sql FROM sqlite_master WHERE name = ?'
-        assert sliced.conn.execute(schema, [name]).fetchone() == whole.execute(schema, [name]).fetchone()
-        typed = f'SELECT {", ".join(f"typeof({c!r}), {c!r}".replace(chr(39), chr(34)) for c in df.columns)} FROM "{name}"'
+        assert sliced.conn.execute(schema, [table]).fetchone() == whole.execute(schema, [table]).fetchone()
+        typed = f'SELECT {", ".join(f"typeof({c!r}), {c!r}".replace(chr(39), chr(34)) for c in df.columns)} FROM "{table}"'
         assert sliced.conn.execute(typed).fetchall() == whole.execute(typed).fetchall(), name
 
 

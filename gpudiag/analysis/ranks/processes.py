@@ -29,6 +29,7 @@ from gpudiag.analysis.attribution.families import COMMUNICATION, families
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.ingest import Tables
 from gpudiag.analysis.ranks.comm import TRANSFER_TABLE
+from gpudiag.sources import names
 
 
 def os_pid(global_pid: int) -> int:
@@ -133,10 +134,12 @@ def process_copy(run_db: str, global_pid: int) -> sqlite3.Connection:
             where, args = "", ()
             if "global_pid" in columns:
                 where, args = " WHERE global_pid = ?", (global_pid,)
-                if name == "kernels" and comm_names:
+                if name == names.coded_table("kernels") and comm_names:
                     where += f" OR name IN ({','.join('?' * len(comm_names))})"
                     args += tuple(comm_names)
             mem.execute(f'INSERT INTO main."{name}" SELECT * FROM src."{name}"{where} ORDER BY rowid', args)
+        for (sql,) in mem.execute("SELECT sql FROM src.sqlite_master WHERE type = 'view'").fetchall():
+            mem.execute(sql)  # the name views (gpudiag.store), over the tables just copied
         mem.commit()
     except BaseException:
         mem.close()
@@ -145,12 +148,15 @@ def process_copy(run_db: str, global_pid: int) -> sqlite3.Connection:
     return mem
 
 
-def _communication_names(conn: sqlite3.Connection) -> list[str]:
-    """The kernel names of the run database attached to ``conn`` as ``src`` that are communication
-    kernels (family from the name)."""
-    names = pd.Series([r[0] for r in conn.execute("SELECT DISTINCT name FROM src.kernels WHERE name IS NOT NULL")],
-                      dtype=object)
-    return names[(families(names) == COMMUNICATION).to_numpy()].tolist() if len(names) else []
+def _communication_names(conn: sqlite3.Connection) -> list[int]:
+    """The codes (``names.id``, as the ``kernels.name`` column holds them) of the kernel names of
+    the run database attached to ``conn`` as ``src`` that are communication kernels (family from
+    the name)."""
+    rows = conn.execute(f"SELECT id, value FROM src.{names.NAMES_TABLE} WHERE id IN (SELECT DISTINCT name FROM src.{names.coded_table('kernels')})").fetchall()
+    if not rows:
+        return []
+    ids, texts = zip(*rows)
+    return [i for i, family in zip(ids, families(pd.Series(texts, dtype=object))) if family == COMMUNICATION]
 
 
 def analyse_one(run_db: str, global_pid: int, options: dict, analyse: Callable[..., dict]) -> dict:

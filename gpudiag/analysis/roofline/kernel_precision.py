@@ -44,4 +44,4 @@ def math_path_from_name(name: str) -> str | None:
 def math_paths_from_names(names: pd.Series) -> pd.Series:
     """:func:`math_path_from_name` of each name (same index), each distinct name matched once."""
     unique = {n: math_path_from_name(n) for n in names.dropna().unique()}
-    return names.map(unique)
+    return names.map(unique).astype(object)  # a dictionary-encoded name column maps to codes: back to values

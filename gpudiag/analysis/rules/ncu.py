@@ -52,7 +52,7 @@ def uncoalesced(ctx: "RuleContext") -> "Recommendation | None":
     if k.empty or k["duration_ns"].sum() / ctx.n_steps < 0.05 * ctx.step_ns:
         return None
     spr = rows.groupby("name")["global_load_sectors_per_request"].median()
-    saving = float((k["duration_ns"] * (1 - 16 / k["name"].map(spr))).sum()) / ctx.n_steps
+    saving = float((k["duration_ns"] * (1 - 16 / k["name"].map(spr).astype(float))).sum()) / ctx.n_steps
     return Recommendation(
         "GD-UNCOALESCED", "Global loads are uncoalesced (Nsight Compute)", saving,
         "their time x (1 - 16 / measured sectors per request)",
