@@ -137,3 +137,16 @@ def decoded(df: pd.DataFrame, table: str, names: pd.DataFrame) -> pd.DataFrame:
         codes = pd.to_numeric(df[c], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
         out[c] = pd.Categorical.from_codes(codes, dtype=dtype)
     return out
+
+
+def spread(values: np.ndarray, index: np.ndarray, missing: str = "") -> pd.Categorical:
+    """Row *i* is ``values[index[i]]`` (``missing`` where ``index[i]`` is -1), dictionary-encoded
+    with sorted categories: the module, phase or op of each of a million kernels from a few
+    thousand ranges, with the text of each distinct value stored once (turning a million
+    repeated strings into a string column took most of the attribution's time, docs/scale.md).
+    ``values``: an object array of str, one per range; ``index``: an int array per row."""
+    codes, uniques = pd.factorize(np.append(np.asarray(values, dtype=object), missing), use_na_sentinel=False)
+    order = np.argsort(uniques.astype(str), kind="stable")
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return pd.Categorical.from_codes(rank[codes][index], categories=pd.Index(uniques[order], dtype=object))

@@ -23,7 +23,9 @@ import numpy as np
 import pandas as pd
 
 from gpudiag import nvtx_names
+from gpudiag.analysis.attribution.families import per_distinct
 from gpudiag.analysis.errors import AnalysisError
+from gpudiag.sources import names as names_encoding
 
 # Ranges a user names like a step, used when an export has no gpudiag step ranges.
 DEFAULT_USER_STEP_REGEX = r"(?i)(?:^|[^a-z])(?:step|iteration|iter)(?:[^a-z]|$)"
@@ -73,7 +75,8 @@ def innermost_range(ranges: pd.DataFrame, query_ns: np.ndarray, query_tid: np.nd
     thread; -1 where none does. A query exactly at a range's end is outside it.
 
     Method: sort start (+1), end (-1) and query events per thread; the running sum is the nesting
-    depth; the innermost range of a query at depth d is the last range that started at depth d."""
+    depth; the innermost range of a query at depth d is the last range that started at depth d
+    (found for every query by one binary search over the starts)."""
     n_q = len(query_ns)
     result = np.full(n_q, -1, dtype=np.int64)
     # Empty ranges contain no time; their end would sort before their own start and skew depths.
@@ -83,27 +86,33 @@ def innermost_range(ranges: pd.DataFrame, query_ns: np.ndarray, query_tid: np.nd
     original = keep
     ranges = ranges.iloc[keep]
     n_r = len(ranges)
-    valid_q = ~pd.isna(query_ns) & ~pd.isna(query_tid)
-    q_idx = np.flatnonzero(valid_q)
-    ev = pd.DataFrame({
-        "tid": np.concatenate([ranges["global_tid"].to_numpy(np.int64), ranges["global_tid"].to_numpy(np.int64),
-                               np.asarray(query_tid)[q_idx].astype(np.int64)]),
-        "t": np.concatenate([ranges["start_ns"].to_numpy(np.int64), ranges["end_ns"].to_numpy(np.int64),
-                             np.asarray(query_ns)[q_idx].astype(np.int64)]),
-        # ends sort before starts at equal times (adjacent siblings), queries after both
-        "order": np.concatenate([np.ones(n_r, np.int8), np.zeros(n_r, np.int8), np.full(len(q_idx), 2, np.int8)]),
-        "delta": np.concatenate([np.ones(n_r, np.int64), -np.ones(n_r, np.int64), np.zeros(len(q_idx), np.int64)]),
-        "ref": np.concatenate([np.arange(n_r), np.arange(n_r), q_idx]),
-    }).sort_values(["tid", "t", "order"], kind="stable", ignore_index=True)
-    ev["depth"] = ev.groupby("tid", sort=False)["delta"].cumsum()
-    is_start = ev["order"].to_numpy() == 1
-    is_query = ev["order"].to_numpy() == 2
-    depth = ev["depth"].to_numpy()
-    for d in range(1, int(depth[is_start].max(initial=0)) + 1):
-        last_start = pd.Series(np.where(is_start & (depth == d), ev["ref"].to_numpy(), np.nan))
-        last_start = last_start.groupby(ev["tid"]).ffill().to_numpy()
-        hit = is_query & (depth == d)
-        result[ev["ref"].to_numpy()[hit]] = original[last_start[hit].astype(np.int64)]
+    q_idx = np.flatnonzero(~pd.isna(query_ns) & ~pd.isna(query_tid))
+    tids = ranges["global_tid"].to_numpy(np.int64)
+    tid = np.concatenate([tids, tids, np.asarray(query_tid)[q_idx].astype(np.int64)])
+    t = np.concatenate([ranges["start_ns"].to_numpy(np.int64), ranges["end_ns"].to_numpy(np.int64),
+                        np.asarray(query_ns)[q_idx].astype(np.int64)])
+    # ends sort before starts at equal times (adjacent siblings), queries after both
+    order = np.concatenate([np.ones(n_r, np.int8), np.zeros(n_r, np.int8), np.full(len(q_idx), 2, np.int8)])
+    ref = np.concatenate([np.arange(n_r), np.arange(n_r), q_idx])
+    sort = np.lexsort((order, t, tid))  # stable: by thread, time, then end/start/query
+    tid, order, ref = tid[sort], order[sort], ref[sort]
+    # every range's start and end are events of its own thread, so each thread's deltas sum to 0:
+    # one running sum over all threads is each thread's own nesting depth
+    depth = np.cumsum(np.select([order == 1, order == 0], [1, -1], 0))
+    is_start, is_query = order == 1, (order == 2) & (depth > 0)
+    # the innermost range of a query at depth d: the last range of its thread that started at
+    # depth d before it (one that ended since was followed by another start at d). One search in
+    # the starts keyed by (thread, depth, position) instead of a pass per depth.
+    thread = np.cumsum(np.r_[0, tid[1:] != tid[:-1]])
+    pos = np.arange(len(tid), dtype=np.int64)
+    key = (thread * (int(depth.max()) + 1) + depth) * len(tid) + pos
+    start_keys = key[is_start]
+    by_key = np.argsort(start_keys, kind="stable")
+    start_keys_sorted, start_refs = start_keys[by_key], ref[is_start][by_key]
+    q_keys = key[is_query]
+    at = np.searchsorted(start_keys_sorted, q_keys, side="right") - 1
+    same = (at >= 0) & (start_keys_sorted[np.maximum(at, 0)] // len(tid) == q_keys // len(tid))
+    result[ref[is_query][same]] = original[start_refs[at[same]]]
     return result
 
 
@@ -219,17 +228,32 @@ def find_steps(nvtx: pd.DataFrame, kernels: pd.DataFrame, steps_from: str | None
 
 
 def op_payloads(ops: pd.DataFrame, outs: pd.DataFrame) -> pd.Series:
-    """JSON payload per op range (same order as ``ops``): the op range's ``{"op":..,"in":..}``
-    with ``"out"`` added from the empty out range nested at its end (null if there is none)."""
-    payload = ops["text"].str[len(nvtx_names.OP):]
-    out_json = pd.Series("null", index=ops.index, dtype=object)
+    """JSON payload per op range (same order as ``ops``), dictionary-encoded: the op range's
+    ``{"op":..,"in":..}`` with ``"out"`` added from the empty out range nested at its end (null if
+    there is none). Each distinct (op text, out text) pair is joined once: a step repeats its
+    ops, so a million op ranges hold a few thousand pairs (docs/scale.md, issue 36)."""
+    op_codes, op_texts = pd.factorize(ops["text"].astype(object).to_numpy())
+    out_codes = np.full(len(ops), -1, dtype=np.int64)  # -1: no out range, "null"
+    out_texts = np.array([], dtype=object)
     if not outs.empty:
         owner = innermost_range(ops, outs["start_ns"].to_numpy(), outs["global_tid"].to_numpy())
         found = owner >= 0
-        out_json.iloc[owner[found]] = outs["text"].str[len(nvtx_names.OUT):].to_numpy()[found]
+        codes, out_texts = pd.factorize(outs["text"].astype(object).to_numpy())
+        out_codes[owner[found]] = codes[found]
+    pairs, distinct = pd.factorize(op_codes.astype(np.int64) * (len(out_texts) + 1) + out_codes + 1)
+    joined = [_with_out(op_texts[key // (len(out_texts) + 1)], out_texts[key % (len(out_texts) + 1) - 1]
+                        if key % (len(out_texts) + 1) else None) for key in distinct]
+    return pd.Series(names_encoding.spread(np.array(joined, dtype=object), pairs), index=ops.index)
+
+
+def _with_out(op_text: str, out_text: str | None) -> str:
+    """One op range's payload with its out range's outputs (None: no out range, "null")."""
+    payload = op_text[len(nvtx_names.OP):]
+    out_json = "null" if out_text is None else out_text[len(nvtx_names.OUT):]
     # Payloads that already hold outputs (captures made before out ranges existed) stay as they are.
-    well_formed = payload.str.endswith("}") & ~payload.str.contains('"out":', regex=False)
-    return payload.where(~well_formed, payload.str[:-1] + ',"out":' + out_json + "}")
+    if payload.endswith("}") and '"out":' not in payload:
+        return payload[:-1] + ',"out":' + out_json + "}"
+    return payload
 
 
 def op_call_payloads(nvtx: pd.DataFrame) -> pd.Series:
@@ -273,26 +297,28 @@ def attribute(kernels: pd.DataFrame, runtime_api: pd.DataFrame, nvtx: pd.DataFra
     api_start = out["api_start_ns"].to_numpy(dtype=float)
     modules = nvtx[text.str.startswith(nvtx_names.MODULE)].reset_index(drop=True) if not nvtx.empty else nvtx
     midx = innermost_range(modules, api_start, tid)
-    mod_text = modules["text"].str[len(nvtx_names.MODULE):] if not modules.empty else pd.Series(dtype=str)
-    mod_path = mod_text.str.rsplit("|", n=1).str[0].to_numpy() if not modules.empty else np.array([])
-    mod_cls = mod_text.str.rsplit("|", n=1).str[-1].to_numpy() if not modules.empty else np.array([])
-    out["module"] = np.where(midx >= 0, mod_path[np.maximum(midx, 0)] if len(mod_path) else "", "")
-    out["module_class"] = np.where(midx >= 0, mod_cls[np.maximum(midx, 0)] if len(mod_cls) else "", "")
+    # "path|Class" split once per distinct range text (a few thousand for a million ranges)
+    mod_path = per_distinct(modules["text"], lambda t: t[len(nvtx_names.MODULE):].rsplit("|", 1)[0]) \
+        if not modules.empty else np.array([], dtype=object)
+    mod_cls = per_distinct(modules["text"], lambda t: t[len(nvtx_names.MODULE):].rsplit("|", 1)[-1]) \
+        if not modules.empty else np.array([], dtype=object)
+    out["module"] = names_encoding.spread(mod_path, midx)
+    out["module_class"] = names_encoding.spread(mod_cls, midx)
 
-    has_module = midx >= 0
-    named_phase = np.where(pidx >= 0, phase_names[np.maximum(pidx, 0)] if len(phase_names) else "other", "other")
-    out["phase"] = np.where(has_module & (pidx < 0), "forward", named_phase)
+    # the phase range open at the launch; outside every one, forward inside a module, else other
+    phase_index = np.where(pidx >= 0, pidx, np.where(midx >= 0, len(phase_names), -1))
+    out["phase"] = names_encoding.spread(np.append(np.asarray(phase_names, dtype=object), "forward"), phase_index, "other")
 
     ops = nvtx[text.str.startswith(nvtx_names.OP)].reset_index(drop=True) if not nvtx.empty else nvtx
     oidx = innermost_range(ops, api_start, tid)
     if not ops.empty:
         payload = payloads if payloads is not None else op_call_payloads(nvtx)
-        names = payload.str.extract(r'^\{"op":"([^"]*)"', expand=False).fillna("?").to_numpy()
-        payload = payload.to_numpy()
-        out["op"] = np.where(oidx >= 0, names[np.maximum(oidx, 0)], "")
-        out["op_args"] = np.where(oidx >= 0, payload[np.maximum(oidx, 0)], "")
+        op_names = payload.str.extract(r'^\{"op":"([^"]*)"', expand=False).fillna("?").to_numpy(dtype=object)
+        payload = payload.to_numpy(dtype=object)
+        out["op"] = names_encoding.spread(op_names, oidx)
+        out["op_args"] = names_encoding.spread(payload, oidx)
     else:
-        out["op"] = ""
-        out["op_args"] = ""
+        out["op"] = names_encoding.spread(np.array([], dtype=object), oidx)
+        out["op_args"] = names_encoding.spread(np.array([], dtype=object), oidx)
     out["op_call"] = oidx  # which op call (range) launched it; kernels of one call share its cost
     return out.reset_index(drop=True)
