@@ -94,3 +94,18 @@ def test_encode_gives_frames_of_several_exports_one_dictionary():
     assert both["name"].tolist()[:2] == ["x", "y"] and pd.isna(both["name"].iloc[2])
     assert both["name"].tolist()[3:] == ["w", "x"]
     assert np.array_equal(b["runtime_api"]["name"].isna().to_numpy(), [False, True])
+
+
+def test_spread_gives_each_row_its_ranges_text_with_sorted_categories():
+    """Row i is values[index[i]] ("" or the given text where the index is -1), with the categories
+    sorted so that ordering and grouping by the column follow the text, as a text column would."""
+    values = np.array(["b.mlp", "a.attn", "b.mlp", "c"], dtype=object)
+    index = np.array([2, -1, 1, 3, 0, -1])
+    got = names.spread(values, index)
+    assert list(got) == [values[i] if i >= 0 else "" for i in index]
+    assert list(got.categories) == sorted(set(got.categories)) == ["", "a.attn", "b.mlp", "c"]
+    other = names.spread(np.array(["x"], dtype=object), np.array([-1, 0]), "other")
+    assert list(other) == ["other", "x"]
+    rows = pd.DataFrame({"module": got, "ns": np.arange(6)})
+    assert rows.groupby("module")["ns"].sum().to_dict() == \
+        pd.DataFrame({"module": list(got), "ns": np.arange(6)}).groupby("module")["ns"].sum().to_dict()
