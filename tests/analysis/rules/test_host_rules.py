@@ -354,6 +354,21 @@ def test_idle_starting_as_a_sync_returns_counts_as_the_syncs(context, shift):
     assert ".item()" in rec.how_to_fix and "non_blocking=True" in rec.how_to_fix
 
 
+def test_a_gap_after_the_first_sync_counts(context):
+    """The first sync of the measured steps (index 0 of the sorted syncs) counts like any other:
+    input_pipeline_bad's first host-bound gap moved to start as the first sync ends, with every
+    later sync removed, is the whole saving (docs/mutation.md: the seed-977751 survivor that
+    counted only gaps after the second sync)."""
+    _, ctx = context("input_pipeline_bad")
+    syncs = ctx.api[ctx.api["name"].fillna("").str.match(host.SYNC_APIS)].sort_values("start_ns")
+    gaps = ctx.idle[ctx.idle["host_bound"] & ~ctx.idle["at_step_start"]].sort_values("start_ns")
+    first = syncs.iloc[0]
+    gap = gaps.head(1).assign(start_ns=first["end_ns"])
+    rec = host.host_syncs(dataclasses.replace(ctx, api=ctx.api.drop(index=syncs.index[1:]), idle=gap))
+    assert gap["duration_ns"].iloc[0] > 0
+    assert rec.saving_ns_per_step == pytest.approx(gap["duration_ns"].iloc[0] / ctx.n_steps, rel=1e-9)
+
+
 def test_overhead_bound_on_an_idle_table_without_the_split_counts_every_gap(context):
     """An idle table without the launch-bound/host-compute split (a run database written before
     issue 34 part 4): every host-bound gap between kernels counts as launch-bound, so Swin-T
