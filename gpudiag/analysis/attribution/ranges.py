@@ -57,7 +57,7 @@ def launch_calls(kernels: pd.DataFrame, runtime_api: pd.DataFrame) -> pd.DataFra
     ids, wanted = api["correlation_id"], kernels["correlation_id"]
     # integer ids (as nsys writes them): numpy's isin picks a lookup table for ids in a small range
     # (2.7 M calls against 1 M kernels: 0.03 s, where unique + pandas' isin took 0.8 s)
-    api = api[np.isin(ids.to_numpy(), wanted.to_numpy()) if ids.dtype == wanted.dtype == np.int64
+    api = api[_isin_ids(ids.to_numpy(), wanted.to_numpy()) if ids.dtype == wanted.dtype == np.int64
               else ids.isin(wanted.dropna().unique()).to_numpy()]
     # a call whose thread id names no process (gpudiag.sources.nsys_sqlite._pid_of) joins nothing
     api = api.dropna(subset=["global_pid", "correlation_id"]).drop_duplicates(["global_pid", "correlation_id"])
@@ -67,6 +67,15 @@ def launch_calls(kernels: pd.DataFrame, runtime_api: pd.DataFrame) -> pd.DataFra
     merged.index = kernels.index
     return merged.rename(columns={"start_ns": "api_start_ns", "end_ns": "api_end_ns",
                                   "global_tid": "api_tid", "name": "api_name"})[cols]
+
+
+def _isin_ids(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``np.isin(ids, wanted)`` for int64 ids: by a lookup table over ``wanted``'s range where that
+    table takes at most 8 bytes per id (numpy's own choice stops at 6 entries per element of both:
+    the copies of 2.7 M calls against ids up to 20 M were sorted, 0.12 s, not looked up, 0.04 s)."""
+    if len(wanted) and len(ids) and int(wanted.max()) - int(wanted.min()) <= 8 * len(ids):
+        return np.isin(ids, wanted, kind="table")
+    return np.isin(ids, wanted)
 
 
 def innermost_range(ranges: pd.DataFrame, query_ns: np.ndarray, query_tid: np.ndarray) -> np.ndarray:

@@ -78,13 +78,14 @@ def _long_stretches(idle: pd.DataFrame, runtime_api: pd.DataFrame, threshold_ns:
     (:func:`_stretches_in`), with ``gap`` (the interval's position in ``idle``) and ``tid``."""
     tids = idle["next_api_tid"].astype("Int64")
     known = idle["host_bound"].to_numpy(dtype=bool) & tids.notna().to_numpy()
-    calls_of = runtime_api.groupby("global_tid").indices if len(runtime_api) and known.any() else {}
+    # a mask per launching thread (a few threads), not a groupby of every call
+    call_tids = runtime_api["global_tid"].to_numpy() if len(runtime_api) and known.any() else np.array([])
     parts = []
     for tid in pd.unique(tids[known]):
         rows = np.flatnonzero(known & (tids == tid).fillna(False).to_numpy())
-        calls = calls_of.get(int(tid))
-        if calls is not None:
-            found = _stretches_in(idle.iloc[rows], runtime_api.iloc[calls], threshold_ns)
+        calls = np.flatnonzero(call_tids == int(tid))
+        if len(calls):  # only the columns read: iloc copies every column it is given
+            found = _stretches_in(idle.iloc[rows], runtime_api[["start_ns", "end_ns", "name"]].iloc[calls], threshold_ns)
             parts.append(found.assign(gap=rows[found["gap"].to_numpy(dtype=np.int64)], tid=int(tid)))
     columns = ["gap", "tid", "start_ns", "end_ns", "ns", "stretch_ns", "call_before", "call_after"]
     return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(
@@ -95,9 +96,9 @@ def _stretches_in(gaps: pd.DataFrame, calls: pd.DataFrame, threshold_ns: int) ->
     """The stretches over ``threshold_ns`` of one thread (its ``calls``) that meet each of ``gaps``: gap
     (position in ``gaps``), start_ns, end_ns and ns (the part inside the gap), stretch_ns (the whole
     stretch between the two calls), call_before, call_after (their names; None at either end)."""
-    ok = calls["start_ns"].notna() & calls["end_ns"].notna()
-    calls = calls[ok].sort_values("start_ns", kind="stable")
-    c_s, c_e = calls["start_ns"].to_numpy(dtype=np.int64), calls["end_ns"].to_numpy(dtype=np.int64)
+    ok = np.flatnonzero((calls["start_ns"].notna() & calls["end_ns"].notna()).to_numpy())
+    order = ok[np.argsort(calls["start_ns"].to_numpy()[ok], kind="stable")]  # positions in start order
+    c_s, c_e = calls["start_ns"].to_numpy()[order].astype(np.int64), calls["end_ns"].to_numpy()[order].astype(np.int64)
     m_s, m_e = merge_intervals(c_s, c_e)
     # the free time between the union's blocks; open at both ends
     f_s, f_e = np.concatenate([[-_OPEN], m_e]), np.concatenate([m_s, [_OPEN]])
@@ -109,17 +110,20 @@ def _stretches_in(gaps: pd.DataFrame, calls: pd.DataFrame, threshold_ns: int) ->
     gap = np.repeat(np.arange(len(gaps)), n)
     k = lo[gap] + np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
     start, end = np.maximum(l_s[k], a[gap]), np.minimum(l_e[k], b[gap])
-    names = calls["name"].astype(object).to_numpy()
     # the call that ends right before a stretch: the last call starting at or before its start
     before = np.searchsorted(c_s, l_s[k], side="right") - 1
     after = np.searchsorted(c_s, l_e[k], side="left")
     return pd.DataFrame({
         "gap": gap, "start_ns": start, "end_ns": end, "ns": end - start,
         "stretch_ns": np.minimum(l_e[k], _OPEN) - np.maximum(l_s[k], -_OPEN),
-        "call_before": np.where(l_s[k] > -_OPEN, names[np.clip(before, 0, max(len(names) - 1, 0))], None)
-        if len(names) else None,
-        "call_after": np.where(l_e[k] < _OPEN, names[np.clip(after, 0, max(len(names) - 1, 0))], None)
-        if len(names) else None})
+        "call_before": np.where(l_s[k] > -_OPEN, _names_at(calls, order, before), None) if len(order) else None,
+        "call_after": np.where(l_e[k] < _OPEN, _names_at(calls, order, after), None) if len(order) else None})
+
+
+def _names_at(calls: pd.DataFrame, order: np.ndarray, i: np.ndarray) -> np.ndarray:
+    """The names (objects; NaN where missing) of the calls at positions ``i`` of the start order
+    ``order`` (clipped to it): only these rows become Python objects, not every call's."""
+    return calls["name"].iloc[order[np.clip(i, 0, len(order) - 1)]].astype(object).to_numpy()
 
 
 def in_model(stretches: pd.DataFrame, nvtx: pd.DataFrame) -> np.ndarray:

@@ -30,7 +30,9 @@ def in_measured_steps(df: pd.DataFrame, host_ns: np.ndarray, steps_table: pd.Dat
     measured steps' rows only. ``steps_table``: step, start_ns, end_ns."""
     idx = window_index(steps_table["start_ns"].to_numpy(), steps_table["end_ns"].to_numpy(), host_ns)
     step = np.where(idx >= 0, steps_table["step"].to_numpy()[np.maximum(idx, 0)], -1)
-    return df.assign(step=step)[lambda d: d["step"].isin(measured_ids)]
+    # filtered before the column is added: one copy of the kept rows, not two of every row (2.7 M API calls)
+    keep = pd.Series(step).isin(measured_ids).to_numpy()
+    return df[keep].assign(step=step[keep])
 
 
 def launch_counts(km: pd.DataFrame, api: pd.DataFrame, n: int) -> dict | None:
