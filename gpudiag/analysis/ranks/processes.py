@@ -195,8 +195,11 @@ def status_of_process(status: dict | None, global_pids) -> dict | None:
     bare run of the same rank as its ``bare_run``; else ``status`` unchanged (a single process, the
     launcher itself, or several processes)."""
     entries = (status or {}).get("ranks") or []
-    pids = {os_pid(g) for g in set(global_pids)} if len(global_pids) else set()
-    if not entries or len(pids) != 1:
+    if not entries:  # before looking at the pids: a column of 1 M kernels, read only for a launched job
+        return status
+    # the distinct values in C (pd.unique), not a Python set of every row; tolist: the values as set() sees them
+    pids = {os_pid(g) for g in pd.unique(pd.Series(global_pids)).tolist()} if len(global_pids) else set()
+    if len(pids) != 1:
         return status
     pid = pids.pop()
     own = next((e for e in entries if isinstance(e, dict) and e.get("pid") == pid), None)
