@@ -147,14 +147,32 @@ def kernel_runs(kernels: pd.DataFrame) -> pd.DataFrame:
     sizes = _run_sizes(run)
     keep = np.repeat(sizes >= 2, sizes)
     rows, config, run, sizes = rows[keep], config[keep], run[keep], sizes[sizes >= 2]
-    # one join per run over its contiguous rows (a groupby transform with a Python function per
-    # run took 44 % of a 1 M-kernel report of an export without step ranges: docs/scale.md)
-    configs = config.astype(str).tolist()
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-    keys = [" ".join(configs[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
     members = kernels.iloc[rows].assign(config=config, run=run)
-    members["key"] = np.repeat(np.array(keys, dtype=object), sizes)
+    members["key"] = _run_keys(config, sizes)
     return members
+
+
+def _run_keys(config: np.ndarray, sizes: np.ndarray) -> pd.Categorical:
+    """Per member row: its run's configuration sequence as a string (the config ids joined by
+    spaces), a Categorical whose categories are the distinct sequences in order of first run.
+
+    ``config``: the members' config ids, runs contiguous; ``sizes``: the runs' lengths. Runs repeat
+    (one per layer and step): the sequences are compared as integer rows per run length and only the
+    distinct ones are joined into text (a join per run and a per-row text column took 0.9 s of a
+    1 M-kernel foreign report)."""
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    sequence = np.empty(len(sizes), dtype=np.int64)  # per run: an id of its sequence, unique over lengths
+    offset = 0
+    for length in np.unique(sizes).tolist():  # a few dozen distinct run lengths
+        of_length = np.flatnonzero(sizes == length)
+        rows = np.ascontiguousarray(config[starts[of_length, None] + np.arange(length)], dtype=np.int64)
+        _, inverse = np.unique(rows.view(np.dtype((np.void, 8 * length))).ravel(), return_inverse=True)
+        sequence[of_length] = offset + inverse.ravel()
+        offset += int(inverse.max()) + 1
+    codes = pd.factorize(sequence)[0]  # numbered in order of first run
+    first = np.unique(codes, return_index=True)[1]  # per sequence: its first run
+    text = [" ".join(map(str, config[a:a + n].tolist())) for a, n in zip(starts[first].tolist(), sizes[first].tolist())]
+    return pd.Categorical.from_codes(np.repeat(codes, sizes), categories=pd.Index(text, dtype=object))
 
 
 def _run_sizes(run: np.ndarray) -> np.ndarray:
@@ -203,9 +221,13 @@ def kernel_sequence_candidates(kernels: pd.DataFrame, peaks: DevicePeaks, n_step
                                                 grid_y=("grid_y", "first"), grid_z=("grid_z", "first"),
                                                 block_x=("block_x", "first"), duration_ns=("duration_ns", "median"))
     per_config = per_config.join(estimated_bytes(per_config, peaks.bandwidth))
-    runs = members.groupby("run", sort=False).agg(key=("key", "first"), ns=("duration_ns", "sum"), module=("module", "first"))
+    # per run: its sequence's code (codes number the sequences in order of first run, as a
+    # groupby of the text keys with sort=False would), time and module
+    runs = members.assign(key=members["key"].cat.codes).groupby("run", sort=False).agg(
+        key=("key", "first"), ns=("duration_ns", "sum"), module=("module", "first"))
     out = []
-    for key, group in runs.groupby("key", sort=False):
+    for code, group in runs.groupby("key", sort=False):
+        key = members["key"].cat.categories[code]
         configs = per_config.loc[[int(c) for c in key.split()]].reset_index(drop=True)
         largest = int(np.argmax(configs["bytes"].fillna(-1.0).to_numpy()))
         if peaks.bandwidth:
@@ -214,7 +236,8 @@ def kernel_sequence_candidates(kernels: pd.DataFrame, peaks: DevicePeaks, n_step
             floor = float(configs["duration_ns"].max()) + peaks.launch_overhead_ns
         chain_ns = float(group["ns"].median())
         occurrences = len(group) / n_steps
-        modules = sorted({m for m in group["module"] if isinstance(m, str) and m})
+        # the distinct modules first: a run per layer and step repeats a few names
+        modules = sorted({m for m in group["module"].unique() if isinstance(m, str) and m})
         out.append({
             "ops": [step_label(n, s) for n, s in zip(configs["name"], configs["short_name"])],
             "occurrences_per_step": int(occurrences) if occurrences == int(occurrences) else round(occurrences, 2),
