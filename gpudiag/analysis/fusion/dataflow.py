@@ -169,11 +169,15 @@ def _op_calls(detail: pd.DataFrame) -> pd.DataFrame:
     """One row per kernel-launching op call of the detail step, in launch order: start, ns (kernel
     time), kernels, op, args, module, phase, stream, eligible (only bandwidth- or overhead-bound
     kernels, none of them a GEMM, convolution or attention)."""
-    calls = detail.groupby("op_call").agg(
+    # the kernels' tests per row, then all/any per call: no Python function per op call (a step has
+    # thousands; the lambdas took 1.5 s of a 1 M-kernel report)
+    flags = detail[["op_call", "start_ns", "duration_ns", "op", "op_args", "module", "phase", "stream_id"]].assign(
+        memory_bound=detail["kernel_class"].isin(["bandwidth", "overhead"]).to_numpy(),
+        contraction=detail["family"].isin(CONTRACTION_FAMILIES).to_numpy())
+    calls = flags.groupby("op_call").agg(
         start=("start_ns", "min"), ns=("duration_ns", "sum"), kernels=("duration_ns", "size"), op=("op", "first"),
         args=("op_args", "first"), module=("module", "first"), phase=("phase", "first"), stream=("stream_id", "first"),
-        memory_bound=("kernel_class", lambda c: c.isin(["bandwidth", "overhead"]).all()),
-        contraction=("family", lambda f: f.isin(CONTRACTION_FAMILIES).any())).sort_values("start").reset_index()
+        memory_bound=("memory_bound", "all"), contraction=("contraction", "any")).sort_values("start").reset_index()
     calls["eligible"] = calls["memory_bound"] & ~calls["contraction"]
     return calls
 
@@ -302,13 +306,14 @@ def _chains(calls: pd.DataFrame, parsed: list, between: dict) -> list[tuple[list
     # a kernel-less op call (a view, a pad's memcpy) takes the place of the kernel-launching call before it
     kernel_calls = np.sort(op_call)
     place = {**row_of, **{c: row_of[int(kernel_calls[max(np.searchsorted(kernel_calls, c) - 1, 0)])] for c in between}}
+    stream = calls["stream"].to_numpy()  # read per edge: an array, not a frame lookup
 
     def same_place(a: int, b: int) -> bool:
         i, j = place[a], place[b]
         x, y = scope[i], scope[j]
         # a module and its children count as one scope (a block's residual add, then its child ln_2)
         related = x == y or (x.startswith("fwd:") and y.startswith("fwd:") and (x.startswith(y + ".") or y.startswith(x + ".")))
-        return related and calls.at[i, "stream"] == calls.at[j, "stream"]
+        return related and stream[i] == stream[j]
 
     out = []
     for group in _components(sorted(eligible), [e for e in edges if same_place(*e)]):
@@ -319,16 +324,17 @@ def _chains(calls: pd.DataFrame, parsed: list, between: dict) -> list[tuple[list
     return out
 
 
-def _saved_for_backward(chain: list[int], calls: pd.DataFrame, parsed: list, sizes: dict,
+def _saved_for_backward(chain: list[int], calls: dict[str, np.ndarray], parsed: list, sizes: dict,
                         accesses: dict, backward: set[int], aliases: set[tuple[int, str]]) -> list[dict]:
     """Forward intermediates of a group that the backward pass reads: a fused kernel must still
     write them (or the backward recomputes them). One dict per storage version written by the group
     and read by a backward op call (``backward``: their op_call numbers) before it is overwritten:
     the op that wrote it, and its bytes. ``aliases`` (:func:`_alias_writes`): accesses that are not
-    writes of new data."""
-    if (calls.loc[chain, "phase"] != "forward").any():
+    writes of new data. ``calls``: the op calls' op_call, op and phase columns as arrays (read per
+    group: frame lookups took 0.4 s of a 1 M-kernel report)."""
+    if (calls["phase"][chain] != "forward").any():
         return []
-    writers = {int(calls.at[i, "op_call"]): calls.at[i, "op"] for i in chain}
+    writers = {int(calls["op_call"][i]): calls["op"][i] for i in chain}
     found = []
     for s in set().union(*(parsed[i][2] for i in chain)):
         # an alias of the storage (autograd's detach of a saved tensor, a view) is not a new version:
@@ -374,6 +380,9 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int | None 
     backward = set(calls.loc[calls["phase"] == "backward", "op_call"].astype(int))  # once per step
     aliases = _alias_writes(between, op_payloads)
     groups: dict[tuple, dict] = {}
+    # read per chain: arrays, not .loc/.at lookups (kernels and ns are integers: the same sums)
+    kernels, ns, op = calls["kernels"].to_numpy(), calls["ns"].to_numpy(), calls["op"].to_numpy()
+    columns = {c: calls[c].to_numpy() for c in ("op_call", "op", "phase", "args", "module")}
     for chain, passed in _chains(calls, parsed, between):
         members = {int(op_call[i]) for i in chain} | set(passed)
         touched_here = set().union(*(parsed[i][1] | parsed[i][2] for i in chain),
@@ -389,18 +398,18 @@ def fusion_candidates(detail: pd.DataFrame, peaks: DevicePeaks, top: int | None 
                 outputs.add(s)  # read by an op outside the group before being overwritten (or the result)
         external = sum(sizes.get(s, 0.0) for s in inputs | outputs)
         floor = external / peaks.bandwidth * 1e9 + peaks.launch_overhead_ns if peaks.bandwidth else float("nan")
-        ops = [calls.at[i, "op"] for i in chain]
-        key = (tuple(ops), re.sub(r"@[0-9a-f]+", "", calls.at[chain[0], "args"]))  # same ops on the same shapes
+        ops = [op[i] for i in chain]
+        key = (tuple(ops), re.sub(r"@[0-9a-f]+", "", columns["args"][chain[0]]))  # same ops on the same shapes
         # the shapes to verify at: the inputs of the group's op call that reads the most bytes (DropPath's
         # chain starts with a bernoulli_ on [B,1,1,1]; the activation comes in with its mul)
         widest = max(chain, key=lambda i: sum(sizes.get(t, 0.0) for t in parsed[i][1]))
         g = groups.setdefault(key, {"ops": ops, "count": 0, "modules": set(), "ns": [], "floor": floor,
-                                    "bytes": external, "kernels": int(calls.loc[chain, "kernels"].sum()),
-                                    "shapes": json.loads(calls.at[widest, "args"]).get("in", [])[:3],
-                                    "saved": _saved_for_backward(chain, calls, parsed, sizes, accesses, backward, aliases)})
+                                    "bytes": external, "kernels": int(kernels[chain].sum()),
+                                    "shapes": json.loads(columns["args"][widest]).get("in", [])[:3],
+                                    "saved": _saved_for_backward(chain, columns, parsed, sizes, accesses, backward, aliases)})
         g["count"] += 1
-        g["modules"].add(calls.at[chain[0], "module"] or calls.at[chain[0], "phase"])
-        g["ns"].append(float(calls.loc[chain, "ns"].sum()))
+        g["modules"].add(columns["module"][chain[0]] or columns["phase"][chain[0]])
+        g["ns"].append(float(ns[chain].sum()))
     return sorted((_candidate(g) for g in groups.values()), key=lambda c: -c["saving_ns_per_step"])[:top]
 
 
