@@ -8,13 +8,18 @@ returns at most one :class:`~gpudiag.analysis.rules.base.Recommendation` (see th
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
-from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES
+from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES, per_distinct
 from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, ITEMSIZE, _tensors, storage_ids
 from gpudiag.analysis.roofline.kernel_precision import math_paths_from_names
 from gpudiag.analysis.rules.base import Recommendation, RuleContext, top_evidence
+
+
+# a normalization module's class name: RMSNorm, LayerNorm, BatchNorm2d
+_NORM_CLASS = re.compile(r"Norm(?:\d*d)?$")
 
 
 def fp32_matmul(ctx: RuleContext) -> Recommendation | None:
@@ -23,7 +28,9 @@ def fp32_matmul(ctx: RuleContext) -> Recommendation | None:
     on the bf16 tensor-core roof; an upper bound, since the step may then become overhead-bound."""
     if ctx.inference is not None:  # weights need no fp32 master copy: GD-HALF-WEIGHTS says more
         return None
-    k = ctx.km[ctx.km["family"].isin(CONTRACTION_FAMILIES)]
+    # the columns read here and by top_evidence: a row filter of the kernel frame copies every column
+    k = ctx.km.loc[ctx.km["family"].isin(CONTRACTION_FAMILIES),
+                   ["name", "short_name", "math_path", "kernel_class", "duration_ns"]]
     # Without op shapes or ncu the math path comes from the kernel's name (kernel_precision), and
     # the class is a heuristic: such a kernel counts unless it is overhead-bound.
     by_name = k["math_path"].isna()
@@ -150,7 +157,9 @@ def unfused_norm(ctx: RuleContext) -> Recommendation | None:
     call and no normalization kernel: LayerNorm/RMSNorm written op by op. Saving: their forward
     kernel time minus, per call, one fused pass (read the largest input tensor once, write it once,
     at peak bandwidth); the backward is unfused too and not counted, so this is a lower bound."""
-    k = ctx.km[ctx.km["module_class"].str.contains(r"Norm(?:\d*d)?$", na=False)]  # RMSNorm, LayerNorm, BatchNorm2d
+    # matched once per distinct class (a few dozen for 1 M kernels), not per row
+    norm = per_distinct(ctx.km["module_class"], lambda c: isinstance(c, str) and bool(_NORM_CLASS.search(c)), False, bool)
+    k = ctx.km[norm]
     if k.empty:
         return None
     per_module = k.groupby("module").agg(kernels=("duration_ns", "size"), ns=("duration_ns", "sum"),
