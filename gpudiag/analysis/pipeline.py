@@ -38,7 +38,7 @@ from gpudiag.analysis.findings.recommendations import RuleInputs, findings
 from gpudiag.analysis.roofline import peaks
 from gpudiag.analysis.roofline.classify import classify
 from gpudiag.analysis.steps import frames, host_work, outliers, step_stats
-from gpudiag.analysis.steps.launches import launch_counts
+from gpudiag.analysis.steps.launches import kept_rows, launch_counts
 from gpudiag.analysis.steps.serving import apply_requests
 from gpudiag.analysis.steps.timeline import idle_intervals, launch_stats, stream_gaps
 
@@ -150,7 +150,7 @@ def _step_frames(t: Tables, steps: Steps, attribution: pd.DataFrame, classes: pd
     n = len(measured)
     measured_ids = set(measured["step"])
     k = frames.kernel_frame(t.kernels, attribution, classes, launches)
-    km = k[k["step"].isin(measured_ids)]
+    km = kept_rows(k, k["step"].isin(measured_ids).to_numpy())
     idle = step_stats.mark_step_start(step_stats.idle_steps(idle, measured), km)
     idle, stretches = host_work.split_host_idle(idle, t.runtime_api, t.nvtx)  # launch-bound vs host compute
     idle_m = idle[idle["step"].isin(measured_ids)]

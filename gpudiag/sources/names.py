@@ -1,12 +1,13 @@
 """Names once (issue 36, part 1): kernel, API and NVTX names as integer codes into one dictionary.
 
 An export names millions of rows with a few thousand strings (``StringIds``). Each frame's name
-column is a pandas ``Categorical`` of one dtype shared by every name column of the run: an int32
-code per row, the text stored once. Row filters copy the codes, string methods run once per
+column is a pandas ``Categorical`` of one dtype shared by every name column of the run: a small
+integer code per row (int8 to int32, as many bits as the dictionary needs), the text stored once. Row filters copy the codes, string methods run once per
 distinct name (pandas maps them over the categories), and the text of a row is looked up only
 where it is shown. Categories are sorted, so ordering by a name column orders by its text, as
-before. The run database keeps the codes and a ``names`` table (:func:`codes_frame`,
-:func:`decoded`). Measured in docs/scale.md (issue 36, part 1).
+before. The run database keeps the codes (``kernels_coded`` and so on), the ``names`` table
+(:func:`codes_frame`) and views with the text under the tables' own names (:func:`view_sql`);
+:func:`decoded` reads the codes back. Measured in docs/scale.md (issue 36).
 """
 
 from __future__ import annotations

@@ -50,15 +50,15 @@ def launch_calls(kernels: pd.DataFrame, runtime_api: pd.DataFrame) -> pd.DataFra
     cols = ["api_start_ns", "api_end_ns", "api_tid", "api_name"]
     if runtime_api.empty or kernels.empty:
         return pd.DataFrame({c: pd.Series(np.nan, index=kernels.index) for c in cols})
-    api = runtime_api[["global_pid", "correlation_id", "start_ns", "end_ns", "global_tid", "name"]]
-    # Only the calls of these rows' correlation ids: the join's result is the same, and the copies
-    # below stay the size of ``kernels`` (memcpy rows: a few thousand) instead of every API call
-    # (the peak memory of a 1 M-kernel report, docs/scale.md).
-    ids, wanted = api["correlation_id"], kernels["correlation_id"]
+    # Only the calls of these rows' correlation ids, selected before any column is copied: the
+    # join's result is the same, and the copies below stay the size of ``kernels`` (memcpy rows: a
+    # few thousand) instead of every API call (the peak memory of a 5 M-kernel report, docs/scale.md).
+    ids, wanted = runtime_api["correlation_id"], kernels["correlation_id"]
     # integer ids (as nsys writes them): numpy's isin picks a lookup table for ids in a small range
     # (2.7 M calls against 1 M kernels: 0.03 s, where unique + pandas' isin took 0.8 s)
-    api = api[_isin_ids(ids.to_numpy(), wanted.to_numpy()) if ids.dtype == wanted.dtype == np.int64
-              else ids.isin(wanted.dropna().unique()).to_numpy()]
+    keep = (_isin_ids(ids.to_numpy(), wanted.to_numpy()) if ids.dtype == wanted.dtype == np.int64
+            else ids.isin(wanted.dropna().unique()).to_numpy())
+    api = runtime_api.loc[keep, ["global_pid", "correlation_id", "start_ns", "end_ns", "global_tid", "name"]]
     # a call whose thread id names no process (gpudiag.sources.nsys_sqlite._pid_of) joins nothing
     api = api.dropna(subset=["global_pid", "correlation_id"]).drop_duplicates(["global_pid", "correlation_id"])
     api = api.astype({"global_pid": "int64", "correlation_id": "int64"})

@@ -32,7 +32,14 @@ def in_measured_steps(df: pd.DataFrame, host_ns: np.ndarray, steps_table: pd.Dat
     step = np.where(idx >= 0, steps_table["step"].to_numpy()[np.maximum(idx, 0)], -1)
     # filtered before the column is added: one copy of the kept rows, not two of every row (2.7 M API calls)
     keep = pd.Series(step).isin(measured_ids).to_numpy()
-    return df[keep].assign(step=step[keep])
+    return kept_rows(df, keep).assign(step=step[keep])
+
+
+def kept_rows(df: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
+    """``df[keep]`` (``keep``: a bool array per row); where every row is kept, a shallow copy that
+    shares the columns (copy-on-write) instead of a copy of them: a plain export is one step, all
+    of it measured (5 M kernels: the kernel frame and the API calls held twice, docs/scale.md)."""
+    return df.copy(deep=False) if keep.all() else df[keep]
 
 
 def launch_counts(km: pd.DataFrame, api: pd.DataFrame, n: int) -> dict | None:
