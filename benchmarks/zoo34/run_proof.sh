@@ -38,13 +38,14 @@ spec() {
     vision_recipe) echo "--workers 8|3 35 5" ;;
     gnn_sage)      echo "--hand compile|3 35 5" ;;
     host_server)   echo "--hand compile-graphs;--hand gpu-input|2 45 5" ;;
+    audio_server)  echo "--hand gpu-features;--hand compile-graphs|2 45 5" ;;
     hf_generate)   echo "--hand static-cache;--hand compile-graphs|2 16 4" ;;
     seq2seq_train) echo "--hand compile;--hand bf16-autocast;--hand fused-optimizer;--hand tf32|2 35 5" ;;
     unet_fp32)     echo "--hand channels-last;--hand tf32;--hand cudnn-benchmark;--hand bf16-autocast|2 35 5" ;;
     *) return 1 ;;
   esac
 }
-ALL="vision_recipe gnn_sage host_server hf_generate seq2seq_train unet_fp32"
+ALL="vision_recipe gnn_sage host_server audio_server hf_generate seq2seq_train unet_fp32"
 if [ "${1:-}" = "--list" ]; then
   for w in $ALL; do printf '%-14s %s\n' "$w" "$(spec "$w")"; done
   exit 0

@@ -5,7 +5,8 @@ torchvision recipe whose two DataLoader workers keep up with every other batch.
 - The server's host-bound idle is host compute (checked gap by gap against the SQL oracle of
   test_host_work), its first advice is GD-HOST-COMPUTE, not a GPU-side change, and its trials of
   compile and compile-graphs are inconclusive (the baselines disagree), as made by hand: reduce-overhead
-  saved 1.1 ms [-0.4, 2.7] of 30.6, the input made on the GPU 25.7 ms [24.1, 27.4] (docs/real_scripts.md).
+  saved 1.1 ms [-0.4, 2.7] of 30.6, the input made on the GPU 25.7 ms [24.1, 27.4], 84 % [80, 88]
+  (docs/real_scripts.md), and GD-HOST-COMPUTE's 85 % lies in that interval.
 - The recipe's slow steps (waiting for a batch) recur every other step: they are the steady state,
   and its first advice is the input stall (8 workers by hand: 41.4 -> 15.4 ms).
 """
@@ -60,7 +61,14 @@ def test_the_server_gets_host_side_first_advice_within_its_bare_step(tmp_path, r
     first = report["recommendations"][0]
     assert first["rule_id"] == "GD-HOST-COMPUTE" and first["rule_id"] not in GPU_ONLY_RULES
     bare = report["representativeness"]["bare_samples_ns"]
-    assert first["saving_ns_per_step"] <= sum(bare) / len(bare)  # capped by the bare step less GPU work
+    bare_mean, profiled_mean = sum(bare) / len(bare), report["steps"]["step_time_ns"]["mean"]
+    # the host compute keeps its share of the profiled step in the bare step: the launches, copies
+    # and GPU work around it stay
+    share = first["saving_ns_per_step_under_profiler"] / profiled_mean
+    assert first["saving_ns_per_step"] == pytest.approx(share * bare_mean, rel=1e-9)
+    assert first["saving_ns_per_step"] <= bare_mean - profiled_mean * report["gpu_busy_percent"] / 100
+    # the input made on the GPU by hand, bare, interleaved (H100, 2026-11-26): 84.0 % [79.9, 87.8]
+    assert 79.9 <= first["saving_percent_of_step"] <= 87.8
     assert not any(r["rule_id"] == "GD-OVERHEAD-BOUND" for r in report["recommendations"])
 
 
