@@ -86,12 +86,13 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     store.write_table(db, "steps", s.st)
     compiled = measured_summary(compiled, t.kernels, attribution, s.measured_ids, status)
     # 5-7. ranks (this process's collectives), fusion and rules: the findings
-    found = findings(s.k, s.km, s.detail_step, s.idle, t, s.api_m, steps, s.measured, s.step_ns, device_peaks, ncu,
-                     payloads, RuleInputs(status, dev, compiled, s.stretches_m))
+    found, api_m = findings(s.k, s.km, s.detail_step, s.idle, t, steps, s.measured, s.step_ns, device_peaks, ncu,
+                            payloads, RuleInputs(status, dev, compiled, s.stretches_m))
     warnings.extend(sections.capture_warnings(meta, status))
     warnings.extend(sections.few_steps(len(s.st)))
     # 8. report
-    summary, step_tables = _step_sections(t, steps, s, meta, ncu, top, status)
+    summary, step_tables = _step_sections(t, steps, s, api_m, meta, ncu, top, status)
+    del api_m
     report = invariants.check(apply_requests(apply_bare_run({
         **sections.header(meta, status, compiled, device_peaks), **summary, **found, **step_tables,
         "warnings": warnings})))
@@ -114,11 +115,12 @@ class StepFrames:
     """The steps stage's frames (times in ns): ``st`` the step table with its flags, ``measured``
     its measured steps (``n`` of them, numbers ``measured_ids``, mean step ``step_ns``), ``k`` every
     kernel with its attribution, class and launch delay, ``km`` those of measured steps,
-    ``activities`` kernels, copies and memsets with their step, ``idle`` GPU-idle intervals
+    ``activities`` kernels, copies and memsets (start_ns, end_ns, kind, step), ``idle`` GPU-idle intervals
     (``idle_m``: in measured steps; each split into launch-bound and host-compute time),
     ``stretches_m`` the measured steps' host-compute stretches (:mod:`~gpudiag.analysis.steps.host_work`),
-    ``per_step`` report.json's per-step entries, ``gaps`` the stream gaps, ``detail_step`` (None
-    without one) and ``api_m`` the measured steps' API calls."""
+    ``per_step`` report.json's per-step entries, ``gaps`` the stream gaps and ``detail_step`` (None
+    without one). The measured steps' API calls are made later, by the findings (after the kernel
+    sequence search, whose peak they would add to)."""
     st: pd.DataFrame
     measured: pd.DataFrame
     n: int
@@ -132,7 +134,6 @@ class StepFrames:
     per_step: list[dict]
     gaps: pd.DataFrame
     detail_step: int | None
-    api_m: pd.DataFrame
     stretches_m: pd.DataFrame
 
 
@@ -156,16 +157,17 @@ def _step_frames(t: Tables, steps: Steps, attribution: pd.DataFrame, classes: pd
     idle_m = idle[idle["step"].isin(measured_ids)]
     per_step = step_stats.per_step_entries(st, step_stats.class_ns_per_step(km, activities, measured_ids), idle_m)
     step_ns = float(measured["step_time_ns"].mean()) if n else float("nan")
+    # later stages read four of its columns (the outlier steps): the launch calls' go (5 M kernels: 0.26 GiB)
+    activities = activities[["start_ns", "end_ns", "kind", "step"]]
     return StepFrames(st, measured, n, measured_ids, step_ns, k, km, activities, idle, idle_m, per_step, gaps,
-                      detail_step, frames.measured_api(t.runtime_api, steps, measured_ids),
-                      stretches[stretches["step"].isin(measured_ids)])
+                      detail_step, stretches[stretches["step"].isin(measured_ids)])
 
 
-def _step_sections(t: Tables, steps: Steps, s: StepFrames, meta: dict, ncu: pd.DataFrame, top: int,
-                   status: dict | None) -> tuple[dict, dict]:
+def _step_sections(t: Tables, steps: Steps, s: StepFrames, api_m: pd.DataFrame, meta: dict, ncu: pd.DataFrame,
+                   top: int, status: dict | None) -> tuple[dict, dict]:
     """Stage 8, the measured steps' sections of report.json, in its order: (the summary: steps,
     breakdown, classification, top kernels; the tables after the findings: kernel and module tables,
-    idle, instrumentation, launches, communication)."""
+    idle, instrumentation, launches, communication). ``api_m``: the measured steps' API calls."""
     n, km = s.n, s.km
     breakdown, breakdown_percent = step_stats.breakdown(s.per_step, s.step_ns)
     split, split_percent = step_stats.overhead_split(s.per_step, s.step_ns)
@@ -192,7 +194,7 @@ def _step_sections(t: Tables, steps: Steps, s: StepFrames, meta: dict, ncu: pd.D
         "idle": sections.idle_section(s.idle_m, km, tables.stream_rows(s.gaps, s.k, s.measured_ids, n),
                                       tables.top_waiting_kernels(s.idle_m, s.k, n), n, s.stretches_m),
         "instrumentation": tables.instrumentation(s.st, s.measured, t.nvtx, s.detail_step, n),
-        "launches_per_step": launch_counts(km, s.api_m, n),
+        "launches_per_step": launch_counts(km, api_m, n),
         "communication": comm.communication(s.k, s.measured_ids, n, s.step_ns) if n else None,
     }
 

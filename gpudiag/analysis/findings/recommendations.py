@@ -20,6 +20,7 @@ from gpudiag.analysis.rules.distributed import distributed_context
 from gpudiag.analysis.rules.overlaps import mark_overlaps
 from gpudiag.analysis.rules.registry import recommend_split
 from gpudiag.analysis.steps import serving
+from gpudiag.analysis.steps.frames import measured_api
 from gpudiag.analysis.steps.launches import in_measured_steps
 from gpudiag.analysis.steps.representative import compare_bare
 
@@ -34,17 +35,19 @@ class RuleInputs(NamedTuple):
 
 
 def findings(k: pd.DataFrame, km: pd.DataFrame, detail_step: int | None, idle: pd.DataFrame, t: Tables,
-              api_m: pd.DataFrame, steps: Steps, measured: pd.DataFrame, step_ns: float, device_peaks, ncu: pd.DataFrame,
-              payloads: pd.Series, rule_inputs: RuleInputs) -> dict:
-    """report.json's recommendations, suppressed, fusion candidates (the op data flow of the detail
+              steps: Steps, measured: pd.DataFrame, step_ns: float, device_peaks, ncu: pd.DataFrame,
+              payloads: pd.Series, rule_inputs: RuleInputs) -> tuple[dict, pd.DataFrame]:
+    """(report.json's recommendations, suppressed, fusion candidates (the op data flow of the detail
     step, else the kernel sequence), fusion saving per kernel, fusion note, host time per step (ns)
-    and fusion source."""
+    and fusion source; the measured steps' API calls, with ``step``, for the launch counts)."""
     n, measured_ids = len(measured), set(measured["step"])
     detail = k[(k["step"] == detail_step) & (k["op"] != "")] if detail_step is not None else k.iloc[0:0]
     all_candidates = fusion_candidates(detail, device_peaks, top=None, op_payloads=payloads.tolist() if len(payloads) else None)
     fusion_source = "op_dataflow"
     if not all_candidates and not (k["op_call"] >= 0).any():  # no op ranges: the kernel sequence alone (lower confidence)
         all_candidates, fusion_source = kernel_sequence_candidates(km, device_peaks, n, top=None), "kernel_sequence"
+    # made after the kernel sequence search: the two largest frames of this stage are never alive at once
+    api_m = measured_api(t.runtime_api, steps, measured_ids)
     recommendations, suppressed = run_rules(
         km, detail, idle, t.runtime_api, api_m, t.memcpy, steps, measured_ids, n, step_ns, device_peaks, ncu,
         rule_context(rule_inputs.status, rule_inputs.dev, rule_inputs.compiled, all_candidates, measured_ids)
@@ -58,7 +61,7 @@ def findings(k: pd.DataFrame, km: pd.DataFrame, detail_step: int | None, idle: p
     fusion_note = mark_host_bound(candidates, recommendations)
     return {"recommendations": mark_overlaps(recommendations), "suppressed": suppressed,
             "fusion_candidates": candidates, "fusion_saving_by_kernel": saving_by_kernel(all_candidates),
-            "fusion_note": fusion_note, "host_ns_per_step": host_ns, "fusion_source": fusion_source}
+            "fusion_note": fusion_note, "host_ns_per_step": host_ns, "fusion_source": fusion_source}, api_m
 
 
 def rule_context(status: dict | None, dev: pd.Series, compiled: dict, candidates: list[dict], measured_ids) -> dict:

@@ -83,8 +83,17 @@ def kernel_frame(kernels: pd.DataFrame, attribution: pd.DataFrame, classes: pd.D
     return k
 
 
+# The columns of the API calls the measured steps' readers use (the rules, the host floor, the
+# launch counts): return_value and global_pid are left out of the copy (5 M kernels: 13.5 M calls,
+# 0.6 GiB copied with every column; docs/scale.md).
+MEASURED_API_COLUMNS = ["start_ns", "end_ns", "global_tid", "correlation_id", "name"]
+
+
 def measured_api(runtime_api: pd.DataFrame, steps: Steps, measured_ids: set) -> pd.DataFrame:
-    """The API calls of the measured steps, with ``step``."""
+    """The API calls of the measured steps (columns :data:`MEASURED_API_COLUMNS` where present,
+    times in ns), with ``step``."""
     # API calls of the measured steps, once: the rules and the launch counts both read them
-    return (in_measured_steps(runtime_api, runtime_api["start_ns"].to_numpy(dtype=float), steps.table, measured_ids)
-            if not runtime_api.empty else runtime_api)
+    if runtime_api.empty:
+        return runtime_api
+    api = runtime_api[[c for c in MEASURED_API_COLUMNS if c in runtime_api]]
+    return in_measured_steps(api, api["start_ns"].to_numpy(dtype=float), steps.table, measured_ids)

@@ -28,7 +28,7 @@ import pandas as pd
 
 from gpudiag import nvtx_names
 from gpudiag.analysis.attribution.ranges import innermost_range, window_index
-from gpudiag.analysis.steps.timeline import merge_intervals
+from gpudiag.analysis.steps.timeline import in_start_order, merge_intervals
 from gpudiag.sources.nsys_sqlite import NVTX_PUSHPOP
 
 # A stretch of the launching thread with no CUDA call longer than this is host compute, ns.
@@ -96,9 +96,15 @@ def _stretches_in(gaps: pd.DataFrame, calls: pd.DataFrame, threshold_ns: int) ->
     """The stretches over ``threshold_ns`` of one thread (its ``calls``) that meet each of ``gaps``: gap
     (position in ``gaps``), start_ns, end_ns and ns (the part inside the gap), stretch_ns (the whole
     stretch between the two calls), call_before, call_after (their names; None at either end)."""
-    ok = np.flatnonzero((calls["start_ns"].notna() & calls["end_ns"].notna()).to_numpy())
-    order = ok[np.argsort(calls["start_ns"].to_numpy()[ok], kind="stable")]  # positions in start order
-    c_s, c_e = calls["start_ns"].to_numpy()[order].astype(np.int64), calls["end_ns"].to_numpy()[order].astype(np.int64)
+    starts, ends = calls["start_ns"].to_numpy(), calls["end_ns"].to_numpy()
+    valid = ~(pd.isna(starts) | pd.isna(ends))
+    if valid.all() and in_start_order(starts):  # the usual export: no sorted copies of every call (5 M kernels: ~1 GiB)
+        order = np.arange(len(starts))
+        c_s, c_e = starts.astype(np.int64, copy=False), ends.astype(np.int64, copy=False)
+    else:
+        ok = np.flatnonzero(valid)
+        order = ok[np.argsort(starts[ok], kind="stable")]  # positions in start order
+        c_s, c_e = starts[order].astype(np.int64), ends[order].astype(np.int64)
     m_s, m_e = merge_intervals(c_s, c_e)
     # the free time between the union's blocks; open at both ends
     f_s, f_e = np.concatenate([[-_OPEN], m_e]), np.concatenate([m_s, [_OPEN]])
