@@ -1,0 +1,96 @@
+"""When the analysis and the run database's writer finish, table by table (issue 36: the critical path).
+
+    python benchmarks/writer_timeline.py EXPORT.sqlite [--work DIR] [--parquet]
+
+Ingests ``EXPORT`` into a fresh run database written in the background (as ``gpudiag report``
+does), analyses it, and prints, in seconds from the start: when ingest ended, each table the writer
+thread wrote (rows, columns, its own seconds, when it ended), when the analysis reached
+``store.flush`` (its own work done, waiting for the writer) and when the writer was done. With
+``--parquet``, the four large tables are then read back and written once more as uncompressed
+Parquet files (pyarrow), timed the same way: the cost of the same rows in a columnar file.
+Run it pinned (``taskset -c 0,1``) for the 2-core numbers of docs/scale.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import gpudiag.store as store
+
+LARGE_TABLES = ("kernels", "runtime_api", "kernel_attribution", "kernel_class")
+
+
+def _timed(clock: float):
+    """store._write wrapped to print each table's write (runs in the writer's thread)."""
+    write = store._write
+
+    def timed(db, name, df):
+        start = time.perf_counter()
+        write(db, name, df)
+        end = time.perf_counter()
+        print(f"[{threading.current_thread().name}] {name}: {len(df)} rows x {df.shape[1]} columns, "
+              f"{end - start:.2f} s (ends at {end - clock:.1f} s)", flush=True)
+    return timed
+
+
+def _flush_marked(clock: float):
+    """store.flush wrapped to print when the analysis reaches it."""
+    flush = store.flush
+
+    def marked(db):
+        print(f"analysis reached store.flush at {time.perf_counter() - clock:.1f} s", flush=True)
+        flush(db)
+    return marked
+
+
+def parquet_times(run_db: Path, work: Path) -> None:
+    """The large tables of ``run_db`` written again as uncompressed Parquet, timed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import sqlite_utils
+
+    from gpudiag.sources import names
+
+    db, total = sqlite_utils.Database(run_db), 0.0
+    for table in LARGE_TABLES:
+        df = names.as_codes(store.read_table(db, table), table)
+        start = time.perf_counter()
+        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), work / f"{table}.parquet", compression="none")
+        total += time.perf_counter() - start
+        print(f"parquet {table}: {len(df)} rows, {time.perf_counter() - start:.2f} s, "
+              f"{(work / f'{table}.parquet').stat().st_size / 2**20:.0f} MiB", flush=True)
+    print(f"parquet total {total:.2f} s; the run database file {run_db.stat().st_size / 2**20:.0f} MiB", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("export", type=Path)
+    ap.add_argument("--work", type=Path, default=None, help="folder for the run database (default: a temporary one)")
+    ap.add_argument("--parquet", action="store_true", help="also time the large tables written as Parquet")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        clock = time.perf_counter()
+        original = store._write, store.flush
+        store._write, store.flush = _timed(clock), _flush_marked(clock)
+        from gpudiag.analysis.ingest import ingest
+        from gpudiag.analysis.pipeline import analyse
+
+        run_db = work / "run.sqlite"
+        db = ingest(args.export, run_db, background=True)
+        print(f"ingest done at {time.perf_counter() - clock:.1f} s", flush=True)
+        analyse(db)
+        store.close(db)
+        print(f"writer done at {time.perf_counter() - clock:.1f} s", flush=True)
+        store._write, store.flush = original
+        if args.parquet:
+            parquet_times(run_db, work)
+
+
+if __name__ == "__main__":
+    main()
