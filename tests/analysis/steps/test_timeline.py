@@ -30,6 +30,25 @@ def test_covered_ns_matches_a_bitmap(ivs, windows):
     assert list(got) == [int(bitmap[a:b].sum()) for a, b in zip(w_s, w_e)]
 
 
+@settings(max_examples=200, deadline=None)
+@given(intervals, st.randoms(use_true_random=False))
+def test_merge_intervals_is_the_same_for_rows_in_start_order_and_shuffled(ivs, rnd):
+    """Rows already in start order skip the sort (the usual export); the union is the bitmap's either way."""
+    ordered = sorted(ivs)
+    shuffled = list(ordered)
+    rnd.shuffle(shuffled)
+    bitmap = np.zeros(400, dtype=bool)
+    for s, d in ordered:
+        bitmap[s:s + d] = True
+    for rows in (ordered, shuffled):
+        m_s, m_e = merge_intervals(np.array([s for s, _ in rows], dtype=np.int64),
+                                   np.array([s + d for s, d in rows], dtype=np.int64))
+        got = np.zeros(400, dtype=bool)
+        for a, b in zip(m_s, m_e):
+            got[a:b] = True
+        assert (got == bitmap).all() and (m_s[1:] > m_e[:-1]).all()
+
+
 def test_step_accounting_identities(analysed):
     for name in ("swin_t_train_bf16", "swin_t_train_fp32", "swin_t_train_bf16_bare"):
         _, r = analysed(name)
