@@ -324,6 +324,25 @@ def test_pageable_copies_give_their_bytes_time_and_rate(context):
     assert "pin_memory=True" in rec.how_to_fix and "non_blocking=True" in rec.how_to_fix
 
 
+@pytest.mark.parametrize("flipped", ["every other", "all"])
+def test_copies_into_pageable_memory_count_as_pageable(context, flipped):
+    """A device-to-host copy into pageable memory (``.cpu()`` of a tensor) is staged like a
+    host-to-device one from it: input_pipeline_bad's pageable copies with source and destination
+    swapped (the same bytes and times), every other one or all, give the same saving, copies and
+    bytes as captured. (Issue 35, the seed-472175 draw: the destination's case was untested.)"""
+    _, bad = context("input_pipeline_bad")
+    as_captured = host.pageable_copies(bad)
+    copies = bad.memcpy.copy()
+    src = copies.index[copies["src_kind"] == "Pageable"]
+    assert len(src) >= 2 and (copies["dst_kind"] != "Pageable").all()
+    swap = src[::2] if flipped == "every other" else src
+    copies.loc[swap, ["src_kind", "dst_kind"]] = copies.loc[swap, ["dst_kind", "src_kind"]].to_numpy()
+    assert (copies.loc[swap, "dst_kind"] == "Pageable").all()
+    rec = host.pageable_copies(dataclasses.replace(bad, memcpy=copies))
+    assert rec is not None and rec.saving_ns_per_step == pytest.approx(as_captured.saving_ns_per_step, rel=1e-12)
+    assert rec.evidence == as_captured.evidence
+
+
 @pytest.mark.parametrize("shift", [0, 1])
 def test_idle_starting_as_a_sync_returns_counts_as_the_syncs(context, shift):
     """GD-HOST-SYNC's saving is the host-bound idle between kernels that begins while a sync blocks

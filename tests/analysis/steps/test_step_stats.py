@@ -131,3 +131,24 @@ def test_the_overhead_split_is_the_idle_tables_host_compute_and_the_rest(name, a
     for e in (e for e in report["steps"]["per_step"] if e["measured"]):
         assert e["launch_bound_idle_ns"] + e["host_compute_idle_ns"] == pytest.approx(e["host_bound_idle_ns"], rel=1e-9)
         assert e["host_compute_idle_ns"] >= 0 and (e["host_compute_idle_ns"] == 0) == (name != "input_pipeline_bad")
+
+
+def test_a_step_whose_kernels_take_no_time_gets_zero_class_time_not_nan():
+    """A measured step whose kernels add up to 0 ns (kernels with end = start, which an edited export
+    holds: row_checks keeps and counts them) has no busy time to scale its classes to: each class is
+    0 ns, and the step's overhead is its host-bound idle, as the arithmetic below says (the 0 / 0
+    scale would make every class NaN; issue 35, the seed-472175 draw left it untested)."""
+    from gpudiag.analysis.steps.step_stats import CLASSES, per_step_entries
+
+    st = pd.DataFrame({"step": [3, 4], "step_time_ns": [1_000, 2_000], "busy_ns": [0, 500], "idle_ns": [1_000, 1_500],
+                       "kernels": [2, 3], "warmup": False, "detail": False, "measured": True, "outlier": False})
+    class_ns = pd.DataFrame({c: [0.0, 100.0 if c == "compute" else 0.0] for c in CLASSES},
+                            index=pd.Index([3, 4], name="step"))
+    idle_m = pd.DataFrame({"step": [3, 4, 4], "host_bound": [True, True, False], "duration_ns": [600, 700, 800],
+                           "host_compute_ns": [100, 0, 0]})
+    empty, busy = per_step_entries(st, class_ns, idle_m)
+    assert {c: empty[f"{c}_ns"] for c in CLASSES} == {"compute": 0.0, "bandwidth": 0.0, "overhead": 600.0,
+                                                      "communication": 0.0}
+    assert (empty["host_bound_idle_ns"], empty["host_compute_idle_ns"], empty["launch_bound_idle_ns"],
+            empty["other_idle_ns"]) == (600.0, 100.0, 500.0, 400.0)
+    assert busy["compute_ns"] == 500.0 and busy["overhead_ns"] == 700.0 and busy["other_idle_ns"] == 800.0
