@@ -152,3 +152,15 @@ def test_a_step_whose_kernels_take_no_time_gets_zero_class_time_not_nan():
     assert (empty["host_bound_idle_ns"], empty["host_compute_idle_ns"], empty["launch_bound_idle_ns"],
             empty["other_idle_ns"]) == (600.0, 100.0, 500.0, 400.0)
     assert busy["compute_ns"] == 500.0 and busy["overhead_ns"] == 700.0 and busy["other_idle_ns"] == 800.0
+
+
+def test_an_idle_interval_ending_at_its_windows_end_is_in_that_step():
+    """Windows hold their ends: an idle interval [start, end) lies in the measured step whose window
+    (window_start_ns to gpu_end_ns) holds it, its end equal to the window's end included; one that
+    runs past the window, or starts before the first window, is in none (-1). Interval arithmetic
+    written out here (issue 35, the seed-472175 draw left the end's boundary untested)."""
+    from gpudiag.analysis.steps.step_stats import idle_steps
+
+    measured = pd.DataFrame({"step": [5, 6], "window_start_ns": [1_000, 2_000], "gpu_end_ns": [2_000, 3_000]})
+    idle = pd.DataFrame({"start_ns": [1_500, 1_500, 2_500, 500, 2_999], "end_ns": [2_000, 1_999, 3_001, 900, 3_000]})
+    assert idle_steps(idle, measured)["step"].tolist() == [5, 5, -1, -1, 6]
