@@ -135,3 +135,17 @@ def test_communication_kernels_are_outside_the_roofline(tmp_path):
     roof = ["flop", "bytes", "intensity", "ridge", "achieved_flop_per_s", "achieved_bytes_per_s", "efficiency"]
     assert comm[roof].isna().all().all()
     assert set(k.loc[k["family"] != "communication", "kernel_class"]) <= {"compute", "bandwidth", "overhead"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(st.sampled_from([0.0, 1.0, 2.0, 7.0, np.nan]), st.integers(0, 5)), min_size=1, max_size=40))
+def test_the_instance_index_is_the_launchs_ordinal_within_its_step(rows):
+    """(config_key, n) for the n-th launch of a configuration within its step: what
+    ``groupby([step, config_key]).cumcount()`` gives, a kernel outside every step (NULL step) with no
+    ordinal (NaN), so it is matched to no detail-step launch."""
+    step = pd.Series([s for s, _ in rows])
+    config_key = pd.Series([c for _, c in rows], dtype=np.int64)
+    index = cl._instance_index(config_key, step)
+    expected = config_key.groupby([step.to_numpy(), config_key.to_numpy()]).cumcount()
+    assert index.get_level_values(0).tolist() == config_key.tolist()
+    np.testing.assert_array_equal(index.get_level_values(1).to_numpy(dtype=float), expected.to_numpy(dtype=float))

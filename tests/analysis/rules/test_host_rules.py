@@ -3,7 +3,9 @@
 in the pinned rate of GD-PAGEABLE-COPY, and the kernels of PyTorch's fused optimizers (SGD, SGD with
 momentum, Adam, AdamW; captured on an H100) in GD-UNFUSED-OPTIMIZER; and the texts of GD-HOST-COMPUTE (title,
 threshold, ms/step, share of the step) and GD-OVERHEAD-BOUND (the host compute it does not count),
-survivors of the seed-256679 draw. Each test uses (or edits) the rule context the analysis built for
+survivors of the seed-256679 draw; every host rule's wording on five captures, the input stall's mean,
+overhead_saving's 0 and the optimizer's GPU-time saving, survivors of the seed-472175 and seed-47181
+draws. Each test uses (or edits) the rule context the analysis built for
 a real capture; the oracles are SQL on the run database and on the exports,
 and the rule's inputs added up another way (the host-compute stretches, the idle split's columns)."""
 
