@@ -14,7 +14,7 @@ CLASSES = ("compute", "bandwidth", "overhead", "communication")  # communication
 
 def per_step(values: pd.Series, n_steps: int) -> float:
     """The sum of ``values`` per step (NaN without steps)."""
-    return float(values.sum()) / n_steps if n_steps else float("nan")
+    return float(values.sum()) / n_steps if n_steps else np.nan
 
 
 def stats(values: pd.Series) -> dict:

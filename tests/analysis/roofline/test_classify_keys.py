@@ -149,3 +149,47 @@ def test_the_instance_index_is_the_launchs_ordinal_within_its_step(rows):
     expected = config_key.groupby([step.to_numpy(), config_key.to_numpy()]).cumcount()
     assert index.get_level_values(0).tolist() == config_key.tolist()
     np.testing.assert_array_equal(index.get_level_values(1).to_numpy(dtype=float), expected.to_numpy(dtype=float))
+
+
+def test_an_op_call_the_cost_model_cannot_read_gives_its_kernels_no_cost():
+    """Kernels launched by an op call whose shapes the cost model cannot read (a payload that is not
+    JSON: op_cost gives None) get no FLOPs, bytes or math path, while a readable call's kernels get
+    the call's cost shared by duration."""
+    from gpudiag.analysis.roofline.costmodel import op_cost
+
+    import json
+
+    args = json.dumps({"op": "aten::gelu", "in": ["bfloat16[32,384]"], "out": "bfloat16[32,384]"})
+    assert op_cost("aten::gelu", "not json") is None
+    cost = op_cost("aten::gelu", args)
+    assert cost is not None and cost.bytes > 0 and cost.flop > 0
+    kernels = pd.DataFrame({"duration_ns": [1_000, 3_000, 2_000]})
+    attribution = pd.DataFrame({"op": ["aten::gelu"] * 3, "op_args": ["not json", args, args], "op_call": [0, 1, 1]})
+    out = cl._shape_costs(kernels, attribution, pd.Series(["elementwise"] * 3))
+    assert list(out.index) == [1, 2]
+    assert out["bytes"].tolist() == pytest.approx([cost.bytes * 0.6, cost.bytes * 0.4], rel=1e-12)
+    assert out["flop"].tolist() == pytest.approx([cost.flop * 0.6, cost.flop * 0.4], rel=1e-12)
+    assert out["math_path"].tolist() == [cost.math_path] * 2
+
+
+def test_a_kernel_without_a_grid_size_counts_as_one_block_per_missing_dimension(analysed):
+    """design.md's overhead rule counts a kernel's blocks (grid_x * grid_y * grid_z) against the SMs;
+    a grid dimension the export left NULL counts as 1. rmsnorm_train's kernels with grid_y and
+    grid_z made NULL and grid_x one under the SM count: each one shorter than a launch is
+    overhead-bound (fewer blocks than SMs), as with grid_y = grid_z = 1."""
+    from gpudiag.analysis.roofline import peaks
+
+    db, report = analysed("rmsnorm_train")
+    kernels, attribution = (pd.read_sql_query(f"SELECT * FROM {t} ORDER BY kernel_id", db.conn)
+                            for t in ("kernels", "kernel_attribution"))
+    device = peaks.lookup(report["device"]["name"], report["device"]["sm_count"])
+    short = (kernels["duration_ns"] < device.launch_overhead_ns) & (kernels["duration_ns"] >= device.launch_overhead_ns / 2)
+    assert short.any()
+    ones = kernels.assign(grid_x=np.where(short, device.sm_count - 1, kernels["grid_x"]))
+    ones.loc[short, ["grid_y", "grid_z"]] = 1
+    nulls = ones.copy()
+    nulls[["grid_y", "grid_z"]] = nulls[["grid_y", "grid_z"]].astype(float)
+    nulls.loc[short, ["grid_y", "grid_z"]] = np.nan
+    with_ones, with_nulls = cl.classify(ones, attribution, device), cl.classify(nulls, attribution, device)
+    assert (with_nulls.loc[short, "kernel_class"] == "overhead").all()
+    assert with_nulls["kernel_class"].tolist() == with_ones["kernel_class"].tolist()

@@ -537,3 +537,62 @@ def test_the_unfused_optimizers_saving_without_a_parameter_count_is_its_gpu_time
     rec = host.unfused_optimizer(ctx)
     assert rec.estimate == "optimizer GPU time per step (parameter count not recorded)"
     assert rec.saving_ns_per_step == pytest.approx(ns / ctx.n_steps, rel=1e-12)
+
+
+def test_host_compute_fires_from_its_share_of_the_step(context):
+    """GD-HOST-COMPUTE fires when host compute is at least HOST_COMPUTE_SHARE (15 %) of the step:
+    input_pipeline_bad's host compute per step against a step just long enough (it fires) and a
+    step 1 % longer (it does not)."""
+    _, ctx = context("input_pipeline_bad")
+    ns = float(ctx.idle["host_compute_ns"].sum()) / ctx.n_steps
+    assert ns > 0
+    at_share = ns / host.HOST_COMPUTE_SHARE
+    assert host.host_compute(dataclasses.replace(ctx, step_ns=at_share)).saving_ns_per_step == ns
+    assert host.host_compute(dataclasses.replace(ctx, step_ns=at_share * 1.01)) is None
+
+
+def test_host_compute_says_nothing_of_the_steps_start_when_none_of_it_is_there(context):
+    """The first evidence line names the host compute before the step's first kernel only where
+    there is some: with every stretch of input_pipeline_bad marked as inside the step, the line ends
+    at the share of the step."""
+    _, ctx = context("input_pipeline_bad")
+    inside = ctx.host_stretches.assign(at_step_start=False)
+    rec = host.host_compute(dataclasses.replace(ctx, host_stretches=inside))
+    assert re.fullmatch(r"\d+\.\d\d ms/step of GPU idle with an empty launch queue while the launching thread ran "
+                        r"CPU work \(\d+ % of the step\)", rec.evidence[0])
+
+
+def test_host_syncs_list_each_synchronizing_call(context):
+    """The sync evidence lists every synchronizing call by name with its count per step, the most
+    frequent first, each without its ``_vN`` suffix: input_pipeline_bad's cudaStreamSynchronize calls,
+    with every third one renamed cudaDeviceSynchronize_v3020."""
+    _, ctx = context("input_pipeline_bad")
+    api = ctx.api.copy()
+    api["name"] = api["name"].astype(object)
+    syncs = api.index[api["name"].str.match(r"cudaStreamSynchronize(_v\d+)?$", na=False)]
+    renamed = syncs[::3]
+    assert 2 <= len(renamed) < len(syncs) - len(renamed)
+    api.loc[renamed, "name"] = "cudaDeviceSynchronize_v3020"
+    rec = host.host_syncs(dataclasses.replace(ctx, api=api))
+    kept, moved = len(syncs) - len(renamed), len(renamed)
+    first, second = sorted([("cudaStreamSynchronize", kept), ("cudaDeviceSynchronize", moved)], key=lambda x: -x[1])
+    assert rec.evidence[0].endswith(f": {first[0]} x{first[1] / ctx.n_steps:.1f}, {second[0]} x{second[1] / ctx.n_steps:.1f}")
+
+
+def test_the_unfused_optimizers_saving_is_its_gpu_time_less_one_fused_pass(context):
+    """GD-UNFUSED-OPTIMIZER on GPT-2 training (foreach AdamW): the optimizer phase's GPU time per
+    measured step (SQL) less one fused pass, 7 values of 4 bytes per parameter at the device's
+    bandwidth, the parameter count being the largest first argument of the detail step's foreach
+    ops (read here from the run database's op arguments)."""
+    import json
+
+    db, ctx = context("gpt2_train_bf16")
+    ns = pd.read_sql_query("SELECT SUM(k.duration_ns) AS ns FROM kernels k JOIN kernel_attribution a USING (kernel_id)"
+                           " JOIN steps s ON s.step = a.step WHERE s.measured AND NOT s.outlier"
+                           " AND a.phase = 'optimizer'", db.conn)["ns"].iloc[0] / ctx.n_steps
+    args = pd.read_sql_query("SELECT DISTINCT a.op_args FROM kernel_attribution a JOIN steps s ON s.step = a.step"
+                             " WHERE s.detail AND a.op LIKE 'aten::\\_foreach%' ESCAPE '\\'", db.conn)["op_args"]
+    params = max(v["numel"] for a in args for v in json.loads(a)["in"][:1] if isinstance(v, dict) and "numel" in v)
+    rec = host.unfused_optimizer(ctx)
+    assert rec.saving_ns_per_step == pytest.approx(ns - 7 * 4 * params / ctx.peaks.bandwidth * 1e9, rel=1e-12)
+    assert rec.estimate == f"optimizer GPU time minus one fused pass (7 x 4 bytes x {params / 1e6:.1f} M parameters at peak bandwidth)"

@@ -172,8 +172,10 @@ def test_a_measured_step_without_idle_intervals_has_no_host_bound_idle():
             busy["other_idle_ns"], busy["overhead_ns"]) == (0.0, 0.0, 0.0, 0.0, 500.0)
     assert (idle["host_bound_idle_ns"], idle["host_compute_idle_ns"], idle["launch_bound_idle_ns"],
             idle["other_idle_ns"], idle["overhead_ns"]) == (700.0, 300.0, 400.0, 800.0, 1_200.0)
-    ns, _ = overhead_split([busy, idle], 1_500.0)
+    ns, percent = overhead_split([busy, idle], 1_500.0)
     assert ns == {"launch_bound_ns": (500.0 + 1_200.0 - 300.0) / 2, "host_compute_ns": 150.0}
+    assert percent == {"launch_bound": 100 * 700.0 / 1_500.0, "host_compute": 10.0}
+    assert overhead_split([busy, idle], 0.0) == (ns, {"launch_bound": None, "host_compute": None})  # no mean step
 
 
 def test_an_idle_interval_ending_at_its_windows_end_is_in_that_step():
