@@ -132,6 +132,9 @@ def _database_file(db: sqlite_utils.Database) -> str | None:
     return next((r[2] for r in rows if r[1] == "main" and r[2]), None)
 
 
+PAGE_SIZE = 65536  # bytes, SQLite's largest (https://www.sqlite.org/pragma.html#pragma_page_size)
+
+
 def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict,
                   background: bool = False) -> sqlite_utils.Database:
     """Write a fresh run database at ``path`` (an existing file is replaced) from ``tables``.
@@ -144,6 +147,10 @@ def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict,
     if path.exists():
         path.unlink()
     db = sqlite_utils.Database(path)
+    # 64 KiB pages (set before the first table, it fixes the file's page size): the writer, the
+    # 1 M report's critical path, took 7-9 s instead of 9-11 s for the four large tables
+    # (benchmarks/writer_pragmas.py, docs/scale.md)
+    db.conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
     full_meta = {"schema_version": SCHEMA_VERSION, "gpudiag_version": __version__, **meta}
     db["meta"].insert_all([{"key": k, "value": json.dumps(v)} for k, v in full_meta.items()], pk="key")
     _META[db] = json.loads(json.dumps(full_meta))  # as read_meta reads it back
