@@ -4,7 +4,8 @@
 
 Ingests ``EXPORT`` into a fresh run database written in the background (as ``gpudiag report``
 does), analyses it, and prints, in seconds from the start: when ingest ended, each table the writer
-thread wrote (rows, columns, its own seconds, when it ended), when the analysis reached
+thread wrote (rows, columns, its own seconds, when it ended; the derived tables' Parquet
+serialization in the analysis' thread and their insert in the writer's, schema 3), when the analysis reached
 ``store.flush`` (its own work done, waiting for the writer) and when the writer was done. With
 ``--parquet``, the four large tables are then read back and written once more as uncompressed
 Parquet files (pyarrow), timed the same way: the cost of the same rows in a columnar file.
@@ -35,6 +36,28 @@ def _timed(clock: float):
         print(f"[{threading.current_thread().name}] {name}: {len(df)} rows x {df.shape[1]} columns, "
               f"{end - start:.2f} s (ends at {end - clock:.1f} s)", flush=True)
     return timed
+
+
+def _timed_parquet(clock: float):
+    """store.parquet_parts (the caller's thread) and store._write_parts (the writer's) wrapped to
+    print each derived table's Parquet serialization and its insert (schema 3)."""
+    parts, write_parts = store.parquet_parts, store._write_parts
+
+    def timed_parts(df):
+        start = time.perf_counter()
+        out = parts(df)
+        end = time.perf_counter()
+        print(f"[{threading.current_thread().name}] Parquet of {len(df)} rows x {df.shape[1]} columns: "
+              f"{end - start:.2f} s, {sum(map(len, out)) / 2**20:.1f} MiB (ends at {end - clock:.1f} s)", flush=True)
+        return out
+
+    def timed_write(db, name, blobs):
+        start = time.perf_counter()
+        write_parts(db, name, blobs)
+        end = time.perf_counter()
+        print(f"[{threading.current_thread().name}] {name} (Parquet parts): {end - start:.2f} s "
+              f"(ends at {end - clock:.1f} s)", flush=True)
+    return timed_parts, timed_write
 
 
 def _flush_marked(clock: float):
@@ -76,8 +99,9 @@ def main() -> None:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         clock = time.perf_counter()
-        original = store._write, store.flush
+        original = store._write, store.flush, store.parquet_parts, store._write_parts
         store._write, store.flush = _timed(clock), _flush_marked(clock)
+        store.parquet_parts, store._write_parts = _timed_parquet(clock)
         from gpudiag.analysis.ingest import ingest
         from gpudiag.analysis.pipeline import analyse
 
@@ -87,7 +111,7 @@ def main() -> None:
         analyse(db)
         store.close(db)
         print(f"writer done at {time.perf_counter() - clock:.1f} s", flush=True)
-        store._write, store.flush = original
+        store._write, store.flush, store.parquet_parts, store._write_parts = original
         if args.parquet:
             parquet_times(run_db, work)
 

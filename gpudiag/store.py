@@ -12,6 +12,9 @@ never reads nsys or ncu files directly. Tables (all timestamps ns, sizes bytes):
 - ``devices``     GPUs of the capture
 - ``ncu_kernels``  kernels measured by Nsight Compute (see :func:`gpudiag.sources.ncu.read_ncu`), if given
 - ``kernel_attribution`` kernel_id -> step, phase, module, op (with shapes where recorded)
+- ``kernel_class``  kernel_id -> family, roofline numbers, class
+- ``parquet``     name, part, data: the tables of :data:`PARQUET_TABLES` (above: ``kernel_attribution``,
+  ``kernel_class``), each as zstd-compressed Parquet files (one per :data:`PARQUET_PART_ROWS` rows)
 
 Each name is stored once (issue 36, part 1, :mod:`gpudiag.sources.names`): the rows of
 ``kernels``, ``runtime_api`` and ``nvtx_ranges`` are in ``kernels_coded`` (and so on), whose name
@@ -21,6 +24,11 @@ on) is a view of the same columns with the text, so SQL reads names as text.
 :func:`gpudiag.analysis.attribution.ranges.attribute`. ``SCHEMA_VERSION`` changes whenever a table or
 column changes meaning; readers refuse other versions with a message saying to re-run
 ``gpudiag report``.
+
+The per-kernel tables the analysis derives (:data:`PARQUET_TABLES`) are stored as Parquet inside
+the file, not as SQLite rows: at a million kernels SQLite took 3-5 s to insert them, on the report's
+critical path, and Parquet 0.8-1 s (docs/scale.md, schema 3). :func:`read_table` reads them;
+:func:`queryable` makes them SQL tables of a connection (temporary, in memory) for SQL readers.
 """
 
 from __future__ import annotations
@@ -38,10 +46,15 @@ from gpudiag.version import __version__
 from gpudiag.sources import names
 from gpudiag.sources.columnar import as_read_back
 
-SCHEMA_VERSION = 2  # 2: name columns as codes into ``names``
+SCHEMA_VERSION = 3  # 2: name columns as codes into ``names``; 3: PARQUET_TABLES in ``parquet``
 RUN_DB_NAME = "run.sqlite"
 
 EXPORT_TABLES = ("kernels", "runtime_api", "memcpy", "memset", "sync", "nvtx_ranges", "devices")
+PARQUET_TABLES = ("kernel_attribution", "kernel_class")  # stored as Parquet (module docstring)
+PARQUET_TABLE = "parquet"  # name, part, data (one Parquet file of a PARQUET_TABLES table)
+# rows per Parquet part: a part stays far below SQLite's largest value (1e9 bytes, SQLITE_MAX_LENGTH)
+# whatever the text in a row (op_args of a few kB would make 4 M rows a few GB)
+PARQUET_PART_ROWS = 250_000
 
 
 class StoreError(ValueError):
@@ -60,11 +73,51 @@ def write_table(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
     slices of :data:`ROWS_PER_WRITE` rows. Where ``db`` writes in the background
     (:func:`create_run_db` with ``background``), the table is queued there; :func:`flush` waits."""
     _in_memory(db).pop(name, None)
+    if name in PARQUET_TABLES:  # serialized here: the writer thread is the critical path (docs/scale.md)
+        parts = parquet_parts(df)
+        _call(db, lambda d: _write_parts(d, name, parts), name)
+        return
     writer = _WRITERS.get(db)
     if writer is not None:
         writer.submit(name, df)
         return
     _write(db, name, df)
+
+
+def parquet_parts(df: pd.DataFrame) -> list[bytes]:
+    """``df`` as zstd-compressed Parquet files of at most :data:`PARQUET_PART_ROWS` rows each (one
+    file for an empty frame, holding the columns). Dictionary-encoded columns stay so."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = []
+    for start in range(0, max(len(df), 1), PARQUET_PART_ROWS):
+        buffer = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_pandas(df.iloc[start:start + PARQUET_PART_ROWS], preserve_index=False),
+                       buffer, compression="zstd")
+        parts.append(buffer.getvalue().to_pybytes())
+    return parts
+
+
+def _write_parts(db: sqlite_utils.Database, name: str, parts: list[bytes]) -> None:
+    """Table ``name``'s Parquet ``parts`` into the ``parquet`` table, replacing any it held."""
+    db.conn.execute(f'CREATE TABLE IF NOT EXISTS "{PARQUET_TABLE}" (name TEXT, part INTEGER, data BLOB)')
+    db.conn.execute(f'DELETE FROM "{PARQUET_TABLE}" WHERE name = ?', (name,))
+    db.conn.executemany(f'INSERT INTO "{PARQUET_TABLE}" VALUES (?, ?, ?)', [(name, i, p) for i, p in enumerate(parts)])
+    db.conn.commit()
+
+
+def _read_parts(db: sqlite_utils.Database, name: str) -> pd.DataFrame:
+    """Table ``name`` of :data:`PARQUET_TABLES` from its Parquet parts (empty if it has none)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if PARQUET_TABLE not in db.table_names():
+        return pd.DataFrame()
+    rows = db.conn.execute(f'SELECT data FROM "{PARQUET_TABLE}" WHERE name = ? ORDER BY part', (name,)).fetchall()
+    if not rows:
+        return pd.DataFrame()
+    return pa.concat_tables([pq.read_table(pa.BufferReader(data)) for (data,) in rows]).to_pandas()
 
 
 def _write(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
@@ -193,7 +246,9 @@ class _Writer:
         self.pending.add(name)
         self.futures.append(self.pool.submit(lambda: _write(self._db(), name, df)))
 
-    def call(self, fn) -> None:
+    def call(self, fn, name: str | None = None) -> None:
+        if name is not None:
+            self.pending.add(name)
         self.futures.append(self.pool.submit(lambda: fn(self._db())))
 
     def close(self) -> BaseException | None:
@@ -204,11 +259,11 @@ class _Writer:
         return next((e for e in errors if e is not None), None)
 
 
-def _call(db: sqlite_utils.Database, fn) -> None:
-    """``fn(db)`` now, or queued behind the background writes."""
+def _call(db: sqlite_utils.Database, fn, name: str | None = None) -> None:
+    """``fn(db)`` now, or queued behind the background writes (as table ``name``'s, if given)."""
     writer = _WRITERS.get(db)
     if writer is not None:
-        writer.call(fn)
+        writer.call(fn, name)
     else:
         fn(db)
 
@@ -255,6 +310,8 @@ def read_table(db: sqlite_utils.Database, name: str) -> pd.DataFrame:
     if writer is not None and name not in writer.pending:
         return pd.DataFrame()  # a fresh database's file holds only meta and the queued tables
     flush(db)
+    if name in PARQUET_TABLES:
+        return _read_parts(db, name)
     table = _rows_table(db, name)
     if table not in db.table_names():
         return pd.DataFrame()
@@ -262,6 +319,26 @@ def read_table(db: sqlite_utils.Database, name: str) -> pd.DataFrame:
     if table != name:  # names as codes: decoded through the names table, not through the view
         df = names.decoded(df, name, pd.read_sql_query(f'SELECT * FROM "{names.NAMES_TABLE}"', db.conn))
     return df
+
+
+def queryable(db: sqlite_utils.Database) -> sqlite3.Connection:
+    """``db``'s connection, on which each table of :data:`PARQUET_TABLES` the file holds is also an
+    SQL table (a temporary one of this connection, made again from the Parquet parts at each call;
+    names as text, NaN as NULL), so SQL joins it with the others as before schema 3, e.g.
+    ``SELECT k.name, c.kernel_class FROM kernels k JOIN kernel_class c USING (kernel_id)``. A copy
+    through Python rows: for reading a run database with SQL (inspection, tests), not for the
+    analysis, which reads frames (:func:`read_table`)."""
+    for name in PARQUET_TABLES:
+        db.conn.execute(f'DROP TABLE IF EXISTS temp."{name}"')
+        df = read_table(db, name)
+        if df.columns.empty:
+            continue
+        df = df.astype({c: object for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)})
+        db.conn.execute(pd.io.sql.get_schema(df, name, con=db.conn).replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
+        rows = df.astype(object).where(df.notna(), None).itertuples(index=False, name=None)
+        db.conn.executemany(f'INSERT INTO temp."{name}" VALUES ({", ".join("?" * len(df.columns))})', rows)
+    db.conn.commit()
+    return db.conn
 
 
 def _rows_table(db: sqlite_utils.Database, name: str) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gpudiag import store
 from gpudiag.analysis.ingest import ingest
 from gpudiag.analysis.pipeline import analyse
 
@@ -100,7 +101,9 @@ RULE_CONTEXTS: dict[str, object] = {}
 
 
 def analyse_recording(db, name: str, status: dict | None, **kwargs) -> dict:
-    """``analyse(db, status=status)``, recording the rules' context in RULE_CONTEXTS[name]."""
+    """``analyse(db, status=status)``, recording the rules' context in RULE_CONTEXTS[name]; the
+    derived tables then also SQL tables of ``db.conn`` (:func:`gpudiag.store.queryable`), as the
+    tests read them."""
     import gpudiag.analysis.findings.recommendations as findings
 
     seen = []
@@ -111,6 +114,7 @@ def analyse_recording(db, name: str, status: dict | None, **kwargs) -> dict:
     finally:
         findings.recommend_split = original
     RULE_CONTEXTS[name] = seen[-1] if len(seen) == 1 else None
+    store.queryable(db)
     return report
 
 
@@ -146,6 +150,7 @@ def analysed_with_ncu(export_path, ncu_path, tmp_path_factory):
         if name not in cache or _mutation_run():
             db = ingest(export_path(name), folder / f"{name}.run.sqlite", ncu_path=ncu_path(name))
             cache[name] = (db, analyse(db, status=status_of(name)))
+            store.queryable(db)
         return cache[name]
 
     return get

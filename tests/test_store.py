@@ -40,7 +40,7 @@ def test_arrow_writes_what_to_sql_writes(name, export_path, tmp_path, monkeypatc
     bulk.conn.commit()
     plain.conn.commit()
     got, want = _contents(tmp_path / "bulk.sqlite"), _contents(tmp_path / "plain.sqlite")
-    assert got.keys() == want.keys() and {"kernels_coded", "names", "kernel_attribution", "kernel_class", "steps"} <= set(got)
+    assert got.keys() == want.keys() and {"kernels_coded", "names", store.PARQUET_TABLE, "steps"} <= set(got)
     for table in want:
         assert got[table][0] == want[table][0], table
         assert len(got[table][1]) == len(want[table][1]), table
@@ -85,7 +85,7 @@ def test_a_background_write_gives_the_same_file_and_report(name, export_path, tm
     back.conn.commit()
     line.conn.commit()
     got, want = _contents(tmp_path / "back.sqlite"), _contents(tmp_path / "line.sqlite")
-    assert got == want and {"kernels_coded", "names", "kernel_attribution", "kernel_class", "steps"} <= set(got)
+    assert got == want and {"kernels_coded", "names", store.PARQUET_TABLE, "steps"} <= set(got)
     assert report_back == report_line
 
 
@@ -122,3 +122,59 @@ def test_a_full_disk_in_the_writer_thread_is_one_line(tmp_path, export_path, mon
     assert result.exit_code != 0 and "disk is full" in result.output and str(out) in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "new").exists()
+
+
+# ---- the derived per-kernel tables as Parquet (schema 3, issue 36: docs/scale.md) ---------------------
+
+@pytest.mark.parametrize("name", ["gpt2_train_bf16", "towers_inference"])
+def test_parquet_tables_read_with_sql_as_sqlite_rows_stored_them(name, export_path, tmp_path, monkeypatch):
+    """The oracle is schema 2's storage: the frames the analysis hands to ``write_table`` for the
+    Parquet tables, written as SQLite rows (``_write``), give the same declared types, values and
+    storage classes as the same tables read with SQL through :func:`store.queryable`."""
+    written: list[pd.DataFrame] = []
+    parts = store.parquet_parts
+
+    def recorded(df: pd.DataFrame) -> list[bytes]:
+        written.append(df)
+        return parts(df)
+
+    monkeypatch.setattr(store, "parquet_parts", recorded)
+    db = ingest(export_path(name), tmp_path / "run.sqlite")
+    analyse(db)
+    conn = store.queryable(db)
+    rows = sqlite_utils.Database(tmp_path / "rows.sqlite")
+    for table, df in zip(store.PARQUET_TABLES, written):
+        store._write(rows, table, df)
+        rows.conn.commit()
+        cols = [r[1] for r in rows.conn.execute(f'PRAGMA table_info("{table}")')]
+        assert [r[1] for r in conn.execute(f'PRAGMA temp.table_info("{table}")')] == cols
+        typed = ", ".join(f'"{c}", typeof("{c}")' for c in cols)
+        query = f'SELECT {typed} FROM "{table}" ORDER BY kernel_id'
+        assert conn.execute(query).fetchall() == rows.conn.execute(query).fetchall(), table
+    assert len(written) == 2 and "kernel_attribution" not in db.table_names()
+
+
+def test_a_parquet_table_in_parts_reads_back_whole(tmp_path, monkeypatch):
+    """More rows than a part holds: several parts, read back in order as the frame written
+    (dictionary-encoded columns as Categoricals, NaN kept); written again, the old parts go."""
+    monkeypatch.setattr(store, "PARQUET_PART_ROWS", 4)
+    df = pd.DataFrame({"kernel_id": range(10), "flop": [1.5, None] * 5,
+                       "family": pd.Categorical(["gemm", "copy"] * 5), "op": ["a", None, "c", "d", "e"] * 2})
+    db = sqlite_utils.Database(tmp_path / "run.sqlite")
+    store.write_table(db, "kernel_class", df)
+    assert db.conn.execute("SELECT count(*) FROM parquet WHERE name = 'kernel_class'").fetchone() == (3,)
+    pd.testing.assert_frame_equal(store.read_table(db, "kernel_class"), df)
+    store.write_table(db, "kernel_class", df.iloc[:2])
+    assert db.conn.execute("SELECT count(*) FROM parquet").fetchone() == (1,)
+    assert store.queryable(db).execute("SELECT kernel_id, flop, family, op FROM kernel_class").fetchall() == \
+        [(0, 1.5, "gemm", "a"), (1, None, "copy", None)]
+
+
+def test_an_empty_parquet_table_keeps_its_columns_and_an_absent_one_reads_empty(tmp_path):
+    db = sqlite_utils.Database(tmp_path / "run.sqlite")
+    assert store.read_table(db, "kernel_attribution").empty
+    store.write_table(db, "kernel_attribution", pd.DataFrame({"kernel_id": pd.Series([], dtype="int64"),
+                                                               "module": pd.Series([], dtype=object)}))
+    read = store.read_table(db, "kernel_attribution")
+    assert list(read.columns) == ["kernel_id", "module"] and read.empty
+    assert store.queryable(db).execute("SELECT count(*) FROM kernel_attribution").fetchone() == (0,)

@@ -18,8 +18,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import sqlite_utils
 
-from gpudiag import nvtx_names
+from gpudiag import nvtx_names, store
 from gpudiag.analysis.ingest import ingest
 from gpudiag.analysis.pipeline import analyse
 
@@ -161,7 +162,7 @@ def test_eager_kernels_attributed_to_modules_as_their_ranges_say(zoo, name):
     is the share launched inside module ranges (the oracle): forward kernels; backward kernels run
     on autograd's thread outside them, as do kernels replayed from a user's CUDA graph."""
     export, _, report, db = zoo(name)
-    con = sqlite3.connect(db)
+    con = store.queryable(sqlite_utils.Database(db))  # the derived tables are Parquet in the file (schema 3)
     attributed, total = con.execute(
         "SELECT SUM(CASE WHEN a.module != '' THEN k.duration_ns ELSE 0 END), SUM(k.duration_ns) "
         "FROM kernels k JOIN kernel_attribution a USING (kernel_id)").fetchone()
@@ -196,7 +197,7 @@ def test_compiled_shares_are_over_the_measured_steps(zoo, name):
     compilation and autotuning left out): checked in SQL against the run database's kernel
     attribution and steps tables."""
     _, _, report, db_path = zoo(name)
-    con = sqlite3.connect(db_path)
+    con = store.queryable(sqlite_utils.Database(db_path))
     compiled_ns, total_ns, with_module_ns = con.execute(
         "SELECT SUM(CASE WHEN a.graph >= 0 THEN k.duration_ns ELSE 0 END), SUM(k.duration_ns), "
         "SUM(CASE WHEN a.graph >= 0 AND a.module != '' THEN k.duration_ns ELSE 0 END) "

@@ -29,6 +29,7 @@ from gpudiag.analysis.attribution.families import COMMUNICATION, families
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.ingest import Tables
 from gpudiag.analysis.ranks.comm import TRANSFER_TABLE
+from gpudiag import store
 from gpudiag.sources import names
 
 
@@ -105,7 +106,7 @@ def analyse_process(run_db: str, global_pid: int, options: dict, analyse: Callab
 
 
 # Tables the analysis writes (it replaces them): not copied for a rank's analysis.
-DERIVED_TABLES = ("kernel_attribution", "kernel_class", "steps")
+DERIVED_TABLES = ("kernel_attribution", "kernel_class", "steps", store.PARQUET_TABLE)
 
 
 def process_copy(run_db: str, global_pid: int) -> sqlite3.Connection:

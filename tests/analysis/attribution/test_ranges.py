@@ -10,6 +10,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpudiag import store
 from gpudiag.analysis.attribution.ranges import find_steps, innermost_range, window_index
 
 from conftest import ROOT
@@ -182,7 +183,7 @@ def test_nvtx_ranges_without_text_attribute_nothing(export_path, tmp_path):
     steps = pd.read_sql_query("SELECT * FROM steps", db.conn)
     assert steps[["cpu_start_ns", "cpu_end_ns"]].values.tolist() == [[min(first_kernel, first_call), last_end + 1]]
     assert steps["kernels"].tolist() == [n_kernels]
-    a = pd.read_sql_query("SELECT * FROM kernel_attribution", db.conn)
+    a = pd.read_sql_query("SELECT * FROM kernel_attribution", store.queryable(db))
     assert len(a) == n_kernels and (a["step"] == 0).all()
     assert (a["module"] == "").all() and (a["module_class"] == "").all() and (a["phase"] == "other").all()
     assert (a["op"] == "").all() and (a["op_call"] == -1).all()
@@ -250,7 +251,7 @@ def test_nested_modules_pushed_in_the_same_ns(export_path, tmp_path):
     db = ingest(path, tmp_path / "run.sqlite")
     analyse(db)
     a = pd.read_sql_query("""SELECT k.correlation_id, a.module, a.module_class FROM kernel_attribution a
-                             JOIN kernels k USING (kernel_id)""", db.conn)
+                             JOIN kernels k USING (kernel_id)""", store.queryable(db))
     assert len(a) == len(oracle)
     got = dict(zip(a["correlation_id"], (a["module"] + "|" + a["module_class"]).str.strip("|")))
     assert got == oracle
@@ -333,7 +334,8 @@ def test_op_range_without_an_op_name_is_shown_as_unknown(export_path, tmp_path):
         folder.mkdir()
         db = ingest(path, folder / "run.sqlite")
         analyse(db)
-        return pd.read_sql_query("SELECT kernel_id, op, op_call FROM kernel_attribution ORDER BY kernel_id", db.conn)
+        return pd.read_sql_query("SELECT kernel_id, op, op_call FROM kernel_attribution ORDER BY kernel_id",
+                                 store.queryable(db))
 
     edit = """UPDATE NVTX_EVENTS SET text = replace(text, '{"op":"aten::gelu",', '{')
               WHERE text LIKE 'gpudiag:op {"op":"aten::gelu",%';"""

@@ -17,9 +17,10 @@ import sqlite3
 import numpy as np
 import pandas as pd
 import pytest
+import sqlite_utils
 from rich.console import Console
 
-from gpudiag import nvtx_names
+from gpudiag import nvtx_names, store
 from gpudiag.analysis.roofline import peaks as peaks_mod
 from gpudiag.analysis.fusion.kernel_sequence import (KERNEL_PATTERNS, kernel_runs, kernel_sequence_candidates, launch_config_bytes,
                                               step_label)
@@ -79,9 +80,9 @@ def zoo_pair(tmp_path_factory):
 
 def kernels_of(db) -> pd.DataFrame:
     """Every kernel of a run database with its step, module, op call, family and class."""
-    with sqlite3.connect(db) as con:
-        return pd.read_sql("SELECT k.*, a.step, a.module, a.op, a.op_call, c.family, c.kernel_class, c.bytes, c.evidence "
-                           "FROM kernels k JOIN kernel_attribution a USING (kernel_id) JOIN kernel_class c USING (kernel_id)", con)
+    con = store.queryable(sqlite_utils.Database(db))  # the derived tables are Parquet in the file (schema 3)
+    return pd.read_sql("SELECT k.*, a.step, a.module, a.op, a.op_call, c.family, c.kernel_class, c.bytes, c.evidence "
+                       "FROM kernels k JOIN kernel_attribution a USING (kernel_id) JOIN kernel_class c USING (kernel_id)", con)
 
 
 def measured_steps(report: dict) -> list[int]:

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpudiag import store
 from gpudiag.analysis.roofline import classify as cl
 from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES
 
@@ -128,7 +129,7 @@ def test_communication_kernels_are_outside_the_roofline(tmp_path):
         shutil.copyfileobj(src, dst)
     db = ingest(export, tmp_path / "run.sqlite")
     analyse(db)
-    k = pd.read_sql_query("SELECT * FROM kernel_class", db.conn)
+    k = store.read_table(db, "kernel_class")
     comm = k[k["family"] == "communication"]
     assert len(comm) and (k["kernel_class"] == "communication").sum() == len(comm)
     assert (comm["evidence"] == "heuristic").all() and comm["math_path"].isna().all()

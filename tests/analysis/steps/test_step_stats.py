@@ -19,6 +19,7 @@ import pytest
 from conftest import status_of
 from step_oracles import copies_by_step
 
+from gpudiag import store
 from gpudiag.analysis.gate import metrics_from
 from gpudiag.analysis.ingest import ingest
 from gpudiag.analysis.pipeline import analyse
@@ -55,7 +56,8 @@ def edited(export_path, analysed, tmp_path_factory):
                          gone[["start_ns", "correlation_id"]].astype(int).values.tolist())
         assert conn.execute("SELECT changes()").fetchone()[0] >= 1
     run = ingest(path, folder / f"{NAME}_thinned.run.sqlite")
-    return run.conn, analyse(run, status=status_of(NAME))
+    report = analyse(run, status=status_of(NAME))
+    return store.queryable(run), report
 
 
 def test_a_step_without_a_class_a_family_or_a_module_gives_zeros_to_the_gate(edited):
