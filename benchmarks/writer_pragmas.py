@@ -20,6 +20,9 @@ from pathlib import Path
 import adbc_driver_sqlite.dbapi as adbc
 import pandas as pd
 import pyarrow as pa
+import sqlite_utils
+
+from gpudiag import store
 
 TABLES = ("kernels_coded", "runtime_api_coded", "kernel_attribution", "kernel_class")
 NO_SYNC = ("PRAGMA synchronous=OFF", "PRAGMA journal_mode=OFF")
@@ -57,8 +60,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    with sqlite3.connect(args.run_db) as con:
-        tables = {t: pd.read_sql_query(f"SELECT * FROM {t}", con) for t in TABLES}
+    con = store.queryable(sqlite_utils.Database(args.run_db))  # schema 3: two of the four are Parquet in the file
+    tables = {t: pd.read_sql_query(f"SELECT * FROM {t}", con) for t in TABLES}
     arrow = {t: pa.Table.from_pandas(df, preserve_index=False) for t, df in tables.items()}
     print(", ".join(f"{t} {df.shape[0]} x {df.shape[1]}" for t, df in tables.items()))
     variants = {"default": {}, "page 64 KiB": {"page_size": 65536}, "synchronous and journal off": {"pragmas": NO_SYNC},
