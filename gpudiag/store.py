@@ -14,7 +14,7 @@ never reads nsys or ncu files directly. Tables (all timestamps ns, sizes bytes):
 - ``kernel_attribution`` kernel_id -> step, phase, module, op (with shapes where recorded)
 - ``kernel_class``  kernel_id -> family, roofline numbers, class
 - ``parquet``     name, part, data: the tables of :data:`PARQUET_TABLES` (above: ``kernel_attribution``,
-  ``kernel_class``), each as zstd-compressed Parquet files (one per :data:`PARQUET_PART_ROWS` rows)
+  ``kernel_class``), each as Parquet files (:func:`parquet_parts`)
 
 Each name is stored once (issue 36, part 1, :mod:`gpudiag.sources.names`): the rows of
 ``kernels``, ``runtime_api`` and ``nvtx_ranges`` are in ``kernels_coded`` (and so on), whose name
@@ -52,9 +52,11 @@ RUN_DB_NAME = "run.sqlite"
 EXPORT_TABLES = ("kernels", "runtime_api", "memcpy", "memset", "sync", "nvtx_ranges", "devices")
 PARQUET_TABLES = ("kernel_attribution", "kernel_class")  # stored as Parquet (module docstring)
 PARQUET_TABLE = "parquet"  # name, part, data (one Parquet file of a PARQUET_TABLES table)
-# rows per Parquet part: a part stays far below SQLite's largest value (1e9 bytes, SQLITE_MAX_LENGTH)
-# whatever the text in a row (op_args of a few kB would make 4 M rows a few GB)
-PARQUET_PART_ROWS = 250_000
+# A Parquet part holds at most this many rows and bytes: SQLite's largest value is 1e9 bytes
+# (SQLITE_MAX_LENGTH); a million kernels' attribution took 22 MiB (docs/scale.md), but rows of long
+# distinct texts (op_args) could make a part far larger, and such a part is halved until it fits.
+PARQUET_PART_ROWS = 1_000_000
+PARQUET_PART_BYTES = 256 * 2**20
 
 
 class StoreError(ValueError):
@@ -85,18 +87,30 @@ def write_table(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
 
 
 def parquet_parts(df: pd.DataFrame) -> list[bytes]:
-    """``df`` as zstd-compressed Parquet files of at most :data:`PARQUET_PART_ROWS` rows each (one
-    file for an empty frame, holding the columns). Dictionary-encoded columns stay so."""
+    """``df`` as Parquet files (lz4, no column statistics) of at most :data:`PARQUET_PART_ROWS` rows
+    and :data:`PARQUET_PART_BYTES` bytes each, in row order (one file for an empty frame, holding the
+    columns). Dictionary-encoded columns stay so. lz4 without statistics in 1 M-row parts took half
+    the time of zstd with statistics in 250,000-row parts (1 M kernels' two tables: 0.50 against
+    1.01 s, median of 5; docs/scale.md); nothing reads the statistics."""
+    parts = []
+    for start in range(0, max(len(df), 1), PARQUET_PART_ROWS):
+        parts.extend(_parquet_within_limit(df.iloc[start:start + PARQUET_PART_ROWS]))
+    return parts
+
+
+def _parquet_within_limit(df: pd.DataFrame) -> list[bytes]:
+    """``df`` as one Parquet file, or halves of it in order where the file would exceed
+    :data:`PARQUET_PART_BYTES` (rows of long distinct texts)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    parts = []
-    for start in range(0, max(len(df), 1), PARQUET_PART_ROWS):
-        buffer = pa.BufferOutputStream()
-        pq.write_table(pa.Table.from_pandas(df.iloc[start:start + PARQUET_PART_ROWS], preserve_index=False),
-                       buffer, compression="zstd")
-        parts.append(buffer.getvalue().to_pybytes())
-    return parts
+    buffer = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), buffer, compression="lz4", write_statistics=False)
+    data = buffer.getvalue().to_pybytes()
+    if len(data) <= PARQUET_PART_BYTES or len(df) <= 1:
+        return [data]
+    half = len(df) // 2
+    return _parquet_within_limit(df.iloc[:half]) + _parquet_within_limit(df.iloc[half:])
 
 
 def _write_parts(db: sqlite_utils.Database, name: str, parts: list[bytes]) -> None:

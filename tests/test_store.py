@@ -4,6 +4,7 @@ checked table by table on real captures against a run database written with ``to
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
 import pandas as pd
@@ -168,6 +169,21 @@ def test_a_parquet_table_in_parts_reads_back_whole(tmp_path, monkeypatch):
     assert db.conn.execute("SELECT count(*) FROM parquet").fetchone() == (1,)
     assert store.queryable(db).execute("SELECT kernel_id, flop, family, op FROM kernel_class").fetchall() == \
         [(0, 1.5, "gemm", "a"), (1, None, "copy", None)]
+
+
+def test_a_parquet_part_over_the_byte_limit_is_halved_until_it_fits(tmp_path, monkeypatch):
+    """Rows of long distinct texts: a part larger than PARQUET_PART_BYTES is split in row order, each
+    piece under the limit (or one row), and the table reads back whole."""
+    texts = [os.urandom(1500).hex() for _ in range(40)]  # incompressible: a part's size follows its rows
+    df = pd.DataFrame({"kernel_id": range(40), "op_args": texts})
+    whole = store.parquet_parts(df)
+    assert len(whole) == 1
+    monkeypatch.setattr(store, "PARQUET_PART_BYTES", len(whole[0]) // 5)
+    parts = store.parquet_parts(df)
+    assert len(parts) >= 5 and all(len(p) <= store.PARQUET_PART_BYTES for p in parts)
+    db = sqlite_utils.Database(tmp_path / "run.sqlite")
+    store.write_table(db, "kernel_attribution", df)
+    pd.testing.assert_frame_equal(store.read_table(db, "kernel_attribution"), df)
 
 
 def test_an_empty_parquet_table_keeps_its_columns_and_an_absent_one_reads_empty(tmp_path):
