@@ -27,7 +27,7 @@ column changes meaning; readers refuse other versions with a message saying to r
 
 The per-kernel tables the analysis derives (:data:`PARQUET_TABLES`) are stored as Parquet inside
 the file, not as SQLite rows: at a million kernels SQLite took 3-5 s to insert them, on the report's
-critical path, and Parquet 0.8-1 s (docs/scale.md, schema 3). :func:`read_table` reads them;
+critical path, and the Parquet files take 0.6 s (docs/scale.md, schema 3). :func:`read_table` reads them;
 :func:`queryable` makes them SQL tables of a connection (temporary, in memory) for SQL readers.
 """
 
@@ -73,9 +73,10 @@ def write_table(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
     """Replace table ``name`` with ``df``. sqlite-utils creates the table from the column types;
     pandas streams the rows (a per-row Python insert would not scale to millions of kernels), in
     slices of :data:`ROWS_PER_WRITE` rows. Where ``db`` writes in the background
-    (:func:`create_run_db` with ``background``), the table is queued there; :func:`flush` waits."""
+    (:func:`create_run_db` with ``background``), the table is queued there; :func:`flush` waits.
+    The tables of :data:`PARQUET_TABLES` are stored as Parquet files (:func:`parquet_parts`)."""
     _in_memory(db).pop(name, None)
-    if name in PARQUET_TABLES:  # serialized here: the writer thread is the critical path (docs/scale.md)
+    if name in PARQUET_TABLES:  # made here: the writer thread is busy with the export's tables (docs/scale.md)
         parts = parquet_parts(df)
         _call(db, lambda d: _write_parts(d, name, parts), name)
         return
@@ -316,7 +317,8 @@ def read_meta(db: sqlite_utils.Database) -> dict:
 
 def read_table(db: sqlite_utils.Database, name: str) -> pd.DataFrame:
     """Table ``name`` as a DataFrame (empty if the table does not exist). Tables this process wrote
-    with :func:`create_run_db` come from memory, as they would read back from the file."""
+    with :func:`create_run_db` come from memory, as they would read back from the file; the tables of
+    :data:`PARQUET_TABLES` from their Parquet files (dictionary-encoded columns as Categoricals)."""
     kept = _in_memory(db).get(name)
     if kept is not None:
         return kept.copy(deep=False)  # copy-on-write: the caller's changes stay its own

@@ -25,11 +25,11 @@ from concurrent.futures import ProcessPoolExecutor
 import pandas as pd
 import sqlite_utils
 
+from gpudiag import store
 from gpudiag.analysis.attribution.families import COMMUNICATION, families
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.ingest import Tables
 from gpudiag.analysis.ranks.comm import TRANSFER_TABLE
-from gpudiag import store
 from gpudiag.sources import names
 
 
