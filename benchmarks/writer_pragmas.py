@@ -29,14 +29,19 @@ NO_SYNC = ("PRAGMA synchronous=OFF", "PRAGMA journal_mode=OFF")
 
 
 def write(tables: dict[str, pd.DataFrame], arrow: dict[str, pa.Table], path: Path,
-          page_size: int | None = None, pragmas: tuple[str, ...] = ()) -> dict[str, float]:
-    """Seconds per table to write ``arrow`` into a fresh ``path`` (tables created from ``tables``' schema)."""
+          page_size: int | None = None, pragmas: tuple[str, ...] = (), rowid_key: bool = False,
+          kernel_id_index: bool = False) -> dict[str, float]:
+    """Seconds per table to write ``arrow`` into a fresh ``path`` (tables created from ``tables``' schema).
+    With ``kernel_id_index``, ``kernels_coded`` gets its unique ``kernel_id`` index after its rows (timed
+    with them), as the store makes it; with ``rowid_key``, ``kernel_id`` is every table's INTEGER
+    PRIMARY KEY instead."""
     path.unlink(missing_ok=True)
     with sqlite3.connect(path) as con:
         if page_size:
             con.execute(f"PRAGMA page_size={page_size}")  # before the first table: it fixes the file's page
         for name, df in tables.items():
-            con.execute(pd.io.sql.get_schema(df, name, con=con))
+            sql = pd.io.sql.get_schema(df, name, con=con)
+            con.execute(sql.replace('"kernel_id" INTEGER', '"kernel_id" INTEGER PRIMARY KEY') if rowid_key else sql)
     seconds = {}
     with adbc.connect(str(path), autocommit=True) as conn, conn.cursor() as cur:
         for pragma in pragmas:  # outside a transaction: SQLite refuses synchronous inside one
@@ -49,19 +54,26 @@ def write(tables: dict[str, pd.DataFrame], arrow: dict[str, pa.Table], path: Pat
             for offset in range(0, table.num_rows, 1_000_000):
                 cur.adbc_ingest(name, table.slice(offset, 1_000_000), mode="append")
             cur.execute("COMMIT")
+            if name == "kernels_coded" and kernel_id_index and not rowid_key:
+                cur.execute("CREATE UNIQUE INDEX kernels_coded_kernel_id ON kernels_coded (kernel_id)")
             seconds[name] = round(time.perf_counter() - start, 2)
     return seconds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments_and_tables(description: str) -> tuple[argparse.Namespace, dict[str, pd.DataFrame]]:
+    """The command line (RUN.sqlite OUT_DIR [--rounds N]) and the four large tables of RUN.sqlite."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("run_db", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     con = store.queryable(sqlite_utils.Database(args.run_db))  # schema 3: two of the four are Parquet in the file
-    tables = {t: pd.read_sql_query(f"SELECT * FROM {t}", con) for t in TABLES}
+    return args, {t: pd.read_sql_query(f"SELECT * FROM {t}", con) for t in TABLES}
+
+
+def main() -> None:
+    args, tables = arguments_and_tables(__doc__.splitlines()[0])
     arrow = {t: pa.Table.from_pandas(df, preserve_index=False) for t, df in tables.items()}
     print(", ".join(f"{t} {df.shape[0]} x {df.shape[1]}" for t, df in tables.items()))
     variants = {"default": {}, "page 64 KiB": {"page_size": 65536}, "synchronous and journal off": {"pragmas": NO_SYNC},
