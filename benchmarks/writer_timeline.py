@@ -25,39 +25,17 @@ import gpudiag.store as store
 LARGE_TABLES = ("kernels", "runtime_api", "kernel_attribution", "kernel_class")
 
 
-def _timed(clock: float):
-    """store._write wrapped to print each table's write (runs in the writer's thread)."""
-    write = store._write
-
-    def timed(db, name, df):
+def _printed(clock: float, fn, describe):
+    """``fn`` wrapped to print, after each call, its thread, ``describe(*args, result)``, its seconds
+    and when it ended (seconds from ``clock``)."""
+    def printed(*args):
         start = time.perf_counter()
-        write(db, name, df)
+        result = fn(*args)
         end = time.perf_counter()
-        print(f"[{threading.current_thread().name}] {name}: {len(df)} rows x {df.shape[1]} columns, "
-              f"{end - start:.2f} s (ends at {end - clock:.1f} s)", flush=True)
-    return timed
-
-
-def _timed_parquet(clock: float):
-    """store.parquet_parts (the caller's thread) and store._write_parts (the writer's) wrapped to
-    print each derived table's Parquet serialization and its insert (schema 3)."""
-    parts, write_parts = store.parquet_parts, store._write_parts
-
-    def timed_parts(df):
-        start = time.perf_counter()
-        out = parts(df)
-        end = time.perf_counter()
-        print(f"[{threading.current_thread().name}] Parquet of {len(df)} rows x {df.shape[1]} columns: "
-              f"{end - start:.2f} s, {sum(map(len, out)) / 2**20:.1f} MiB (ends at {end - clock:.1f} s)", flush=True)
-        return out
-
-    def timed_write(db, name, blobs):
-        start = time.perf_counter()
-        write_parts(db, name, blobs)
-        end = time.perf_counter()
-        print(f"[{threading.current_thread().name}] {name} (Parquet parts): {end - start:.2f} s "
+        print(f"[{threading.current_thread().name}] {describe(*args, result)}, {end - start:.2f} s "
               f"(ends at {end - clock:.1f} s)", flush=True)
-    return timed_parts, timed_write
+        return result
+    return printed
 
 
 def _flush_marked(clock: float):
@@ -100,8 +78,13 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         clock = time.perf_counter()
         original = store._write, store.flush, store.parquet_parts, store._write_parts
-        store._write, store.flush = _timed(clock), _flush_marked(clock)
-        store.parquet_parts, store._write_parts = _timed_parquet(clock)
+        # the export's tables and steps (writer's thread), the derived tables' Parquet (analysis' thread)
+        # and its insert (writer's thread)
+        store._write = _printed(clock, store._write, lambda db, name, df, _: f"{name}: {len(df)} rows x {df.shape[1]} columns")
+        store.parquet_parts = _printed(clock, store.parquet_parts, lambda df, out: f"Parquet of {len(df)} rows x "
+                                       f"{df.shape[1]} columns, {sum(map(len, out)) / 2**20:.1f} MiB")
+        store._write_parts = _printed(clock, store._write_parts, lambda db, name, parts, _: f"{name} (Parquet parts)")
+        store.flush = _flush_marked(clock)
         from gpudiag.analysis.ingest import ingest
         from gpudiag.analysis.pipeline import analyse
 
