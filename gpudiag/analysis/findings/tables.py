@@ -11,6 +11,7 @@ import pandas as pd
 
 from gpudiag import nvtx_names
 from gpudiag.analysis.attribution.families import kernel_label, per_distinct
+from gpudiag.sources import int_keys
 from gpudiag.sources.nsys_sqlite import kernel_summary
 
 # Operator classes of Ivanov et al. 2020, "Data Movement Is All You Need" (MLSys 2021): tensor
@@ -164,11 +165,17 @@ def top_waiting_kernels(idle_m: pd.DataFrame, k: pd.DataFrame, n: int) -> list[d
 def _with_short_name(idle: pd.DataFrame, k: pd.DataFrame) -> pd.DataFrame:
     """``idle``'s duration_ns with the short_name of its next kernel (``next_kernel_id`` in ``k``'s
     kernel_id; NULL where none), in ``idle``'s order: a lookup by position, not a merge with a copy
-    of the kernel frame's columns (0.47 s on a 1 M-kernel export). A merge where kernel ids repeat."""
-    ids = pd.Index(k["kernel_id"])
-    if not ids.is_unique:
-        return idle.merge(k[["kernel_id", "short_name"]], left_on="next_kernel_id", right_on="kernel_id", how="left")
-    at = ids.get_indexer(idle["next_kernel_id"])
+    of the kernel frame's columns (0.47 s on a 1 M-kernel export); by arithmetic where the kernel ids
+    run without a gap (:func:`gpudiag.sources.int_keys.positions`: 5 M kernels, 1.3 s of hashing saved).
+    A merge where kernel ids repeat."""
+    ids = k["kernel_id"].to_numpy()
+    at = int_keys.positions(ids, idle["next_kernel_id"].to_numpy(dtype=float, na_value=np.nan)) \
+        if ids.dtype.kind == "i" else None
+    if at is None:
+        index = pd.Index(k["kernel_id"])
+        if not index.is_unique:
+            return idle.merge(k[["kernel_id", "short_name"]], left_on="next_kernel_id", right_on="kernel_id", how="left")
+        at = index.get_indexer(idle["next_kernel_id"])
     short = k["short_name"].array.take(at, allow_fill=True)  # -1 (no kernel): NULL, as the left merge gives
     return pd.DataFrame({"duration_ns": idle["duration_ns"].to_numpy(), "short_name": short})
 

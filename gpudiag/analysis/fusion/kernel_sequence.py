@@ -133,11 +133,11 @@ def kernel_runs(kernels: pd.DataFrame) -> pd.DataFrame:
     member = ((kernels["kernel_class"].isin(["bandwidth", "overhead"]) & ~kernels["family"].isin(BREAKING_FAMILIES))
               .to_numpy() & ~internal)
     # a name's code stands for the name: the same groups, numbered in the same order (NULL: -1)
-    config_columns = ["name_code" if c == "name" else c for c in CONFIG_COLUMNS]
-    k = kernels[["step", "stream_id", "start_ns", *(c for c in CONFIG_COLUMNS if c != "name")]].assign(
+    k = kernels[["step", "stream_id", "start_ns", *(c for c in CONFIG_COLUMNS if c != "name"),
+                 *(["config_key"] if "config_key" in kernels else [])]].assign(
         name_code=pd.factorize(names)[0], member=member, row=np.arange(len(kernels)),
     ).sort_values(["step", "stream_id", "start_ns"], kind="stable")
-    config = k[config_columns].fillna(-1).groupby(config_columns, sort=False).ngroup().to_numpy()
+    config = _config_ids(k)
     member = k["member"].to_numpy()
     same_place = ((k["step"].to_numpy()[1:] == k["step"].to_numpy()[:-1])
                   & (k["stream_id"].to_numpy()[1:] == k["stream_id"].to_numpy()[:-1]))
@@ -150,6 +150,20 @@ def kernel_runs(kernels: pd.DataFrame) -> pd.DataFrame:
     members = kernels.iloc[rows].assign(config=config, run=run)
     members["key"] = _run_keys(config, sizes)
     return members
+
+
+def _config_ids(k: pd.DataFrame) -> np.ndarray:
+    """Per row of ``k`` (columns name_code and CONFIG_COLUMNS' others, optionally classify's
+    ``config_key``): an id per launch configuration, numbered in order of first appearance, a NULL
+    being -1 (``groupby(..., sort=False).ngroup()`` of the columns with NULL as -1). Where ``k`` has
+    the classification's ``config_key`` (the same configurations, a NULL a value of its own) and no
+    column holds -1, that key factorized gives the same ids without the groupby of seven columns
+    (5 M kernels: 1.0 s; docs/scale.md)."""
+    config_columns = ["name_code" if c == "name" else c for c in CONFIG_COLUMNS]
+    numeric = [c for c in config_columns if c != "name_code"]
+    if "config_key" in k and not (k[numeric] == -1).to_numpy().any():
+        return pd.factorize(k["config_key"].to_numpy())[0]
+    return k[config_columns].fillna(-1).groupby(config_columns, sort=False).ngroup().to_numpy()
 
 
 def _run_keys(config: np.ndarray, sizes: np.ndarray) -> pd.Categorical:
@@ -213,7 +227,8 @@ def kernel_sequence_candidates(kernels: pd.DataFrame, peaks: DevicePeaks, n_step
     # the columns read here and by kernel_runs: the members' copy leaves the kernel frame's others out
     k = kernels if "module" in kernels else kernels.assign(module="")
     members = kernel_runs(k[list(dict.fromkeys(["step", "stream_id", "start_ns", "duration_ns", "kernel_class", "family",
-                                                "short_name", "module", *CONFIG_COLUMNS]))])
+                                                "short_name", "module", *CONFIG_COLUMNS,
+                                                *(["config_key"] if "config_key" in k else [])]))])
     if members.empty:
         return []
     per_config = members.groupby("config").agg(name=("name", "first"), short_name=("short_name", "first"),

@@ -328,3 +328,22 @@ def test_op_dataflow_reports_do_not_show_the_note(analysed):
     assert report["fusion_source"] == "op_dataflow"
     assert terminal.KERNEL_SEQUENCE_NOTE not in console.export_text()
     assert "Candidates from the kernel sequence" not in html.render(report)
+
+
+@pytest.mark.parametrize("name", ["llama", "resnet50"])
+def test_runs_from_the_classification_config_key_equal_the_groupby(zoo_pair, name):
+    """kernel_runs given classify's ``config_key`` (the analysis' kernel frame carries it) numbers the
+    configurations without its groupby of seven columns: the members, their config ids, runs and keys
+    are those the groupby gives (the frame without the column), on a real capture's measured steps."""
+    stripped, db, _ = zoo_pair(name)["stripped"]
+    con = store.queryable(sqlite_utils.Database(db))
+    keys = pd.read_sql("SELECT kernel_id, config_key FROM kernel_class", con)
+    k = kernels_of(db).merge(keys, on="kernel_id")
+    k = k[k["step"].isin(measured_steps(stripped))]
+    # the fast path is taken (no launch dimension of -1), on many configurations
+    assert not (k[["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]] == -1).to_numpy().any()
+    assert k["config_key"].nunique() > 20
+    by_groupby = kernel_runs(k.drop(columns="config_key"))
+    by_key = kernel_runs(k)
+    assert len(by_key) > 100
+    pd.testing.assert_frame_equal(by_key.drop(columns="config_key"), by_groupby)
