@@ -42,8 +42,10 @@ def valid_times(df: pd.DataFrame, table: str, dropped: dict[str, dict[str, int]]
         return df
     start = pd.to_numeric(df["start_ns"], errors="coerce")
     end = pd.to_numeric(df["end_ns"], errors="coerce")
-    # text that happens to parse as a float (e.g. '1.5e9') is not a timestamp nsys writes either
-    not_time = start.isna() | end.isna() | (start % 1 != 0) | (end % 1 != 0)
+    # text that happens to parse as a float (e.g. '1.5e9') is not a timestamp nsys writes either; int64
+    # columns (an export's, read without NULLs) hold neither (5 M kernels and 13.5 M calls: 0.3 s of modulo)
+    not_time = (pd.Series(False, index=df.index) if start.dtype == end.dtype == np.int64 else
+                start.isna() | end.isna() | (start % 1 != 0) | (end % 1 != 0))
     huge = ~not_time & ((start.abs() >= MAX_TIME_NS) | (end.abs() >= MAX_TIME_NS))
     backwards = ~not_time & ~huge & (end < start)
     negative = ~not_time & ~huge & ~backwards & (start < 0)  # end >= start: start is the earlier

@@ -399,3 +399,18 @@ def test_stretches_are_the_same_for_calls_in_start_order_and_shuffled(calls, gap
     ties = pd.Series([s for s, _ in ordered]).duplicated(keep=False).any()
     if not ties:
         pd.testing.assert_frame_equal(fast, slow)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 5_000)), max_size=25), st.integers(0, 20_000))
+def test_long_free_time_is_every_free_interval_filtered(blocks, threshold):
+    """The long free stretches between merged blocks, found without the arrays of every free interval,
+    are those the free intervals' arrays give (written out here: open at both ends), none of them included."""
+    m_s, m_e = host_work.merge_intervals(np.array([s for s, _ in blocks], dtype=np.int64),
+                                         np.array([s + d for s, d in blocks], dtype=np.int64))
+    f_s = np.concatenate([[-host_work._OPEN], m_e]).astype(np.int64)
+    f_e = np.concatenate([m_s, [host_work._OPEN]]).astype(np.int64)
+    long = (f_e - f_s) > threshold
+    l_s, l_e = host_work._long_free_time(m_s, m_e, threshold)
+    assert l_s.dtype == l_e.dtype == np.int64
+    assert l_s.tolist() == f_s[long].tolist() and l_e.tolist() == f_e[long].tolist()
