@@ -4,10 +4,10 @@ pandas answers ``duplicated`` and ``Index.get_indexer`` by hashing every key. At
 hash table outgrows the CPU caches: 5 M int64 keys took 1.35 s to hash against 0.006 s to check that
 they are in order and compare neighbours, and 0.12 s for a stable argsort of keys in order but for a
 tenth of them (this project's CPU machine, 2026-11-27; docs/scale.md, issue 36). An export's columns
-are mostly in order already (kernels by start, API calls by correlation id: every real capture in
-tests/fixtures), so the functions below compare neighbours where the keys are sorted, sort them
-(stably) where they are not, and give pandas' answer in either case (tests/sources/test_int_keys.py
-checks them against pandas).
+are mostly in order already (kernels by start, API calls by correlation id, as in the GPT-2 capture
+that tests/sources/test_int_keys.py reads), so the functions below compare neighbours where the keys
+are sorted, sort them (stably) where they are not, and give pandas' answer in either case (the same
+tests check them against pandas).
 """
 
 from __future__ import annotations

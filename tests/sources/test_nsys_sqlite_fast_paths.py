@@ -44,6 +44,25 @@ def test_per_distinct_equals_a_call_per_row(gpt2):
     assert (got == -1).sum() == names.isna().sum() > 0
 
 
+def test_per_distinct_on_codes_equals_a_call_per_row(gpt2):
+    """The dictionary-encoded names as read (the run's one dictionary holds API and NVTX names too, which
+    no kernel uses), NULLs put in: the same result per row as the text gives, fn called once per name the
+    rows use and never for a name they do not."""
+    names = gpt2.kernels["name"].copy()
+    assert isinstance(names.dtype, pd.CategoricalDtype)
+    names.iloc[::97] = None
+    calls = []
+
+    def fn(name):
+        calls.append(name)
+        return len(name) % 7
+
+    got = per_distinct(names, fn, na_value=-1, dtype=np.int64)
+    assert np.array_equal(got, per_distinct(names.astype(object), lambda n: len(n) % 7, na_value=-1, dtype=np.int64))
+    assert sorted(calls) == sorted(names.dropna().unique())
+    assert len(names.cat.categories) > len(calls) and (got == -1).sum() == names.isna().sum() > 0
+
+
 def test_families_equal_the_pattern_per_name(gpt2):
     names = gpt2.kernels["name"]
     got = families(names)

@@ -64,7 +64,7 @@ def per_distinct(values: pd.Series, fn: Callable, na_value: object = None, dtype
     names) is not factorized again: ``fn`` of each category its rows use, looked up by their codes
     (5 M kernels: 14 calls took 0.74 s in factorize; docs/scale.md)."""
     if isinstance(values.dtype, pd.CategoricalDtype):
-        codes = values.cat.codes.to_numpy()  # -1 for a NULL: the last element below
+        codes = values.cat.codes.to_numpy().astype(np.intp)  # -1 for a NULL: the last element below
         categories = values.cat.categories
         results = [na_value] * (len(categories) + 1)
         for i in np.flatnonzero(np.bincount(codes + 1, minlength=len(categories) + 1)[1:]):
