@@ -26,10 +26,9 @@ def gpt2(export_path):
     return read_export(export_path("gpt2_train_bf16"))
 
 
-def test_per_distinct_equals_a_call_per_row(gpt2):
-    """Every kernel name, with NULLs put in: the result per row is fn(row), NULL rows get na_value,
-    and fn runs once per distinct name."""
-    names = gpt2.kernels["name"].astype(object)
+def _nulls_and_a_counted_fn(names: pd.Series) -> tuple[pd.Series, list, object]:
+    """``names`` with every 97th row NULL; fn (a name's length modulo 7) and the list of the names it was called with."""
+    names = names.copy()
     names.iloc[::97] = None
     calls = []
 
@@ -37,6 +36,13 @@ def test_per_distinct_equals_a_call_per_row(gpt2):
         calls.append(name)
         return len(name) % 7
 
+    return names, calls, fn
+
+
+def test_per_distinct_equals_a_call_per_row(gpt2):
+    """Every kernel name, with NULLs put in: the result per row is fn(row), NULL rows get na_value,
+    and fn runs once per distinct name."""
+    names, calls, fn = _nulls_and_a_counted_fn(gpt2.kernels["name"].astype(object))
     got = per_distinct(names, fn, na_value=-1, dtype=np.int64)
     expected = np.array([-1 if v is None else len(v) % 7 for v in names], dtype=np.int64)
     assert np.array_equal(got, expected)
@@ -48,15 +54,8 @@ def test_per_distinct_on_codes_equals_a_call_per_row(gpt2):
     """The dictionary-encoded names as read (the run's one dictionary holds API and NVTX names too, which
     no kernel uses), NULLs put in: the same result per row as the text gives, fn called once per name the
     rows use and never for a name they do not."""
-    names = gpt2.kernels["name"].copy()
+    names, calls, fn = _nulls_and_a_counted_fn(gpt2.kernels["name"])
     assert isinstance(names.dtype, pd.CategoricalDtype)
-    names.iloc[::97] = None
-    calls = []
-
-    def fn(name):
-        calls.append(name)
-        return len(name) % 7
-
     got = per_distinct(names, fn, na_value=-1, dtype=np.int64)
     assert np.array_equal(got, per_distinct(names.astype(object), lambda n: len(n) % 7, na_value=-1, dtype=np.int64))
     assert sorted(calls) == sorted(names.dropna().unique())
