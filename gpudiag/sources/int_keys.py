@@ -16,7 +16,7 @@ import numpy as np
 
 
 def is_sorted(values: np.ndarray) -> bool:
-    """Whether ``values`` (1-D) never decrease."""
+    """Whether ``values`` (1-D) never decrease: a stable sort would leave them as they are."""
     return bool(len(values) < 2 or np.all(values[1:] >= values[:-1]))
 
 
@@ -51,10 +51,12 @@ def positions(ids: np.ndarray, queries: np.ndarray) -> np.ndarray | None:
     n = len(ids)
     if n == 0 or int(ids[-1]) - int(ids[0]) != n - 1 or not bool(np.all(ids[1:] > ids[:-1])):
         return None
-    q = np.asarray(queries, dtype=np.float64) if np.asarray(queries).dtype.kind != "i" else np.asarray(queries)
+    q = np.asarray(queries)
+    q = q if q.dtype.kind == "i" else q.astype(np.float64)
     at = np.full(len(q), -1, dtype=np.int64)
     offset = q - ids[0]
-    # a float query is an id only where it is a whole number in range (get_indexer: equality)
-    inside = (offset >= 0) & (offset < n) & (offset == np.floor(offset)) if q.dtype.kind == "f" else (offset >= 0) & (offset < n)
+    inside = (offset >= 0) & (offset < n)
+    if q.dtype.kind == "f":  # a float query is an id only where it is a whole number (get_indexer: equality)
+        inside &= offset == np.floor(offset)
     at[inside] = offset[inside].astype(np.int64)
     return at

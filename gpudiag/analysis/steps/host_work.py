@@ -29,7 +29,8 @@ import pandas as pd
 from gpudiag import nvtx_names
 from gpudiag.analysis.attribution.ranges import innermost_range, window_index
 from gpudiag.analysis.steps.launches import rows_at
-from gpudiag.analysis.steps.timeline import in_start_order, merge_intervals
+from gpudiag.analysis.steps.timeline import merge_intervals
+from gpudiag.sources import int_keys
 from gpudiag.sources.nsys_sqlite import NVTX_PUSHPOP
 
 # A stretch of the launching thread with no CUDA call longer than this is host compute, ns.
@@ -100,7 +101,7 @@ def _stretches_in(gaps: pd.DataFrame, calls: pd.DataFrame, threshold_ns: int) ->
     stretch between the two calls), call_before, call_after (their names; None at either end)."""
     starts, ends = calls["start_ns"].to_numpy(), calls["end_ns"].to_numpy()
     valid = ~(pd.isna(starts) | pd.isna(ends))
-    if valid.all() and in_start_order(starts):  # the usual export: no sorted copies of every call (5 M kernels: ~1 GiB)
+    if valid.all() and int_keys.is_sorted(starts):  # the usual export: no sorted copies of every call (5 M kernels: ~1 GiB)
         order = np.arange(len(starts))
         c_s, c_e = starts.astype(np.int64, copy=False), ends.astype(np.int64, copy=False)
     else:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analysis.attribution.ranges import launch_calls
+from gpudiag.sources import int_keys
 
 
 def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -28,7 +29,7 @@ def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, n
     if len(starts) == 0:
         return np.array([], dtype=np.int64), np.array([], dtype=np.int64)
     s, e = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
-    if not in_start_order(s):  # an export's rows mostly are: no sorted copies of 13.5 M API calls then
+    if not int_keys.is_sorted(s):  # an export's rows mostly are: no sorted copies of 13.5 M API calls then
         order = np.argsort(s, kind="stable")
         s, e = s[order], e[order]
     run_end = np.maximum.accumulate(e)
@@ -41,11 +42,6 @@ def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, n
     del new_block
     # a block's rows are contiguous in start order: its end is their largest (reduceat, not ufunc.at: 10x faster)
     return s[first], np.maximum.reduceat(e, first)
-
-
-def in_start_order(starts: np.ndarray) -> bool:
-    """Whether ``starts`` (ns) never decrease: a stable sort would leave them as they are."""
-    return bool(len(starts) < 2 or (starts[1:] >= starts[:-1]).all())
 
 
 def covered_ns(m_s: np.ndarray, m_e: np.ndarray, w_s: np.ndarray, w_e: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ from gpudiag.analysis.ingest import FILE_SHIFT, ingest_many
 from gpudiag.analysis.ranks.comm import TRANSFER_TABLE
 from gpudiag.analysis.ranks.processes import DERIVED_TABLES, os_pid, process_copy
 from gpudiag.cli.main import cli
-from gpudiag.store import PARQUET_TABLES
+from gpudiag.store import PARQUET_TABLE, PARQUET_TABLES
 from gpudiag.app.options import AnalysisOptions
 from gpudiag.app.report import ingest_and_analyse
 
@@ -104,7 +104,7 @@ def test_rank_exports_as_files_on_the_scheduler(cluster, pool_report, rank_expor
     with sqlite3.connect(run_db) as run:
         assert {r[0] for r in run.execute("SELECT DISTINCT name FROM parquet")} == set(PARQUET_TABLES)
     copied = {r[0] for r in copy.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert not copied & set(DERIVED_TABLES) and DERIVED_TABLES[-1] == "parquet"
+    assert PARQUET_TABLE in DERIVED_TABLES and not copied & set(DERIVED_TABLES)
 
 
 def test_a_folder_and_a_glob_give_the_same_ranks(cluster, rank_exports, pool_report, tmp_path):
