@@ -1,6 +1,6 @@
 """Where ``gpudiag report`` holds its memory: resident set size over time, with the stack of the moment.
 
-    python benchmarks/rss_timeline.py EXPORT OUT_DIR [--every 0.25] [--top 3]
+    python benchmarks/rss_timeline.py EXPORT OUT_DIR [--every 0.25] [--top 3] [--timeline-every 8]
 
 Runs the report in this process (click's CliRunner) while a thread samples the RSS
 (/proc/self/statm, Linux) and the main thread's stack every ``--every`` seconds. Prints the peak
@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--every", type=float, default=0.25, help="seconds between samples")
     parser.add_argument("--top", type=int, default=3, help="largest samples to print with their stacks")
+    parser.add_argument("--timeline-every", type=int, default=8, help="print every N-th sample in the timeline")
     args = parser.parse_args()
     from click.testing import CliRunner
 
@@ -51,8 +52,11 @@ def main() -> None:
     for _, rss, stack in sorted(timeline, key=lambda s: -s[1])[:args.top]:
         print(f"{rss / 2**30:.2f} GiB  " + " > ".join(stack))
     for i, (t, rss, stack) in enumerate(timeline):
-        if i % 8 == 0:
+        if i % args.timeline_every == 0:
+            # the outermost frame below the pipeline: the stage the sample fell in
             stage = next((s for s in reversed(stack) if any(m in s for m in ("run.py", "report.py", "store.py"))), "")
+            inner = [s for s in stack if s.startswith(("_step_frames", "findings", "_step_sections", "analyse("))]
+            stage = inner[-1] if inner else stage
             print(f"{t - start:7.1f} s {rss / 2**30:6.2f} GiB  {stage} | {stack[-1] if stack else ''}")
 
 

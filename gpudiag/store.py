@@ -76,6 +76,12 @@ def write_table(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
     (:func:`create_run_db` with ``background``), the table is queued there; :func:`flush` waits.
     The tables of :data:`PARQUET_TABLES` are stored as Parquet files (:func:`parquet_parts`)."""
     _in_memory(db).pop(name, None)
+    _released(db).pop(name, None)
+    _queue(db, name, df)
+
+
+def _queue(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
+    """Write ``df`` as table ``name`` now, or queue it where ``db`` writes in the background."""
     if name in PARQUET_TABLES:  # made here: the writer thread is busy with the export's tables (docs/scale.md)
         parts = parquet_parts(df)
         _call(db, lambda d: _write_parts(d, name, parts), name)
@@ -203,15 +209,20 @@ def _database_file(db: sqlite_utils.Database) -> str | None:
 PAGE_SIZE = 65536  # bytes, SQLite's largest (https://www.sqlite.org/pragma.html#pragma_page_size)
 
 
-def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict,
-                  background: bool = False) -> sqlite_utils.Database:
+def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict, background: bool = False,
+                  released: dict[str, tuple[str, ...]] | None = None) -> sqlite_utils.Database:
     """Write a fresh run database at ``path`` (an existing file is replaced) from ``tables``.
 
     With ``background``, the tables are written by one thread of this process while the caller
     goes on: the analysis reads the frames from memory, not the file, and on 2 cores the write
     (a quarter of a 1 M-kernel report, docs/scale.md) overlaps it. Every later
     :func:`write_table` on ``db`` is queued behind them, in order; :func:`flush` waits for all
-    and raises the first write's error (sqlite3.OperationalError for a full disk)."""
+    and raises the first write's error (sqlite3.OperationalError for a full disk).
+
+    ``released``: per table, columns that the frames kept in memory drop once every table is in the
+    file (the analysis does not read them; the writer did): :func:`read_table` then gives the
+    table from memory only to a caller that reads it ``without`` them, and reads the file for any
+    other (5 M kernels: 0.27 GB of the report's peak, docs/scale.md)."""
     if path.exists():
         path.unlink()
     db = sqlite_utils.Database(path)
@@ -225,18 +236,32 @@ def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict,
     if background:
         db.conn.commit()
         _WRITERS[db] = _Writer(path)
+    # The analysis that follows reads these frames, not the file: reading millions of rows back
+    # cost as much as writing them (docs/scale.md). Kept before the writes are queued: a release
+    # (below) always finds its frame.
+    _in_memory(db).update({name: as_read_back(df) for name, df in tables.items()})
     dtype = names.dtype_of(tables)
     if dtype is not None:
         write_table(db, names.NAMES_TABLE, names.codes_frame(dtype))
         _call(db, lambda d: d[names.NAMES_TABLE].create_index(["id"], unique=True, if_not_exists=True))
     for name, df in tables.items():
-        write_table(db, name, df)
+        _queue(db, name, df)
+        if name in (released or {}):  # right after its write: the writer's frame is done then
+            _call(db, lambda _, name=name, columns=released[name]: _release(db, name, columns))
     if "kernel_id" in tables.get("kernels", pd.DataFrame()).columns:
         _call(db, lambda d: d[_rows_table(d, "kernels")].create_index(["kernel_id"], unique=True, if_not_exists=True))
-    # The analysis that follows reads these frames, not the file: reading millions of rows back
-    # cost as much as writing them (docs/scale.md).
-    _in_memory(db).update({name: as_read_back(df) for name, df in tables.items()})
     return db
+
+
+def _release(db: sqlite_utils.Database, name: str, columns: tuple[str, ...]) -> None:
+    """Drop ``columns`` from the frame of ``name`` kept in memory (create_run_db's ``released``)."""
+    kept = _in_memory(db).get(name)
+    if kept is None:
+        return
+    gone = [c for c in columns if c in kept.columns]
+    # said first: a reader that finds the smaller frame also finds what it lacks (read_table)
+    _released(db)[name] = set(gone)
+    _in_memory(db)[name] = kept.drop(columns=gone)
 
 
 class _Writer:
@@ -315,13 +340,22 @@ def read_meta(db: sqlite_utils.Database) -> dict:
     return meta
 
 
-def read_table(db: sqlite_utils.Database, name: str) -> pd.DataFrame:
-    """Table ``name`` as a DataFrame (empty if the table does not exist). Tables this process wrote
-    with :func:`create_run_db` come from memory, as they would read back from the file; the tables of
-    :data:`PARQUET_TABLES` from their Parquet files (dictionary-encoded columns as Categoricals)."""
-    kept = _in_memory(db).get(name)
-    if kept is not None:
-        return kept.copy(deep=False)  # copy-on-write: the caller's changes stay its own
+def read_table(db: sqlite_utils.Database, name: str, without: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Table ``name`` as a DataFrame (empty if the table does not exist), less the columns
+    ``without`` (where it has them). Tables this process wrote with :func:`create_run_db` come from
+    memory, as they would read back from the file, unless their frame in memory lacks a column
+    not in ``without`` (create_run_db's ``released``); the tables of :data:`PARQUET_TABLES` from
+    their Parquet files (dictionary-encoded columns as Categoricals)."""
+    kept = _in_memory(db).get(name)  # before what it lacks: the writer thread says that first (_release)
+    if kept is not None and _released(db).get(name, set()) <= set(without):
+        # a new frame over the same columns (copy-on-write): the caller's changes stay its own
+        return kept.drop(columns=[c for c in without if c in kept.columns])
+    df = _read_stored(db, name)
+    return df.drop(columns=[c for c in without if c in df.columns])
+
+
+def _read_stored(db: sqlite_utils.Database, name: str) -> pd.DataFrame:
+    """Table ``name`` as the file holds it (after the queued writes), empty if it does not."""
     writer = _WRITERS.get(db)
     if writer is not None and name not in writer.pending:
         return pd.DataFrame()  # a fresh database's file holds only meta and the queued tables
@@ -366,6 +400,11 @@ def _rows_table(db: sqlite_utils.Database, name: str) -> str:
 _FRAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run database -> {table: frame}
 _META: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run database -> its meta, as written
 _WRITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run database -> its background _Writer
+_RELEASED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run database -> {table: columns not in memory}
+
+
+def _released(db: sqlite_utils.Database) -> dict[str, set[str]]:
+    return _RELEASED.setdefault(db, {})
 
 
 def _in_memory(db: sqlite_utils.Database) -> dict[str, pd.DataFrame]:

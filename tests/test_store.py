@@ -4,15 +4,18 @@ checked table by table on real captures against a run database written with ``to
 
 from __future__ import annotations
 
+import gc
 import os
 import sqlite3
+import weakref
 
+import numpy as np
 import pandas as pd
 import pytest
 import sqlite_utils
 
 from gpudiag import store
-from gpudiag.analysis.ingest import ingest
+from gpudiag.analysis.ingest import UNREAD_COLUMNS, ingest
 from gpudiag.analysis.pipeline import analyse
 
 pytest.importorskip("adbc_driver_sqlite")
@@ -104,7 +107,28 @@ def test_background_tables_are_read_after_their_write(export_path, tmp_path):
     store.close(db)
     conn = sqlite3.connect(tmp_path / "run.sqlite")
     n = conn.execute("SELECT COUNT(*) FROM kernels").fetchone()[0]
-    assert n == len(store.read_table(db, "kernels")) > 0
+    # kept in memory for the analysis (less the columns it never reads): after close too
+    assert n == len(store.read_table(db, "kernels", without=UNREAD_COLUMNS["kernels"])) > 0
+
+
+def test_released_columns_leave_memory_and_stay_in_the_file(tmp_path, monkeypatch):
+    """create_run_db's ``released``: once the tables are written, the frame kept in memory holds no
+    reference to a released column (its array is freed), a reader without it is served from memory,
+    and a reader of every column gets the file's table, released column included."""
+    released = np.arange(1000, dtype=np.float64) / 8  # its own block (another dtype than "a")
+    alive = weakref.ref(released)
+    frame = pd.DataFrame({"a": np.arange(1000), "b": released}, copy=False)
+    db = store.create_run_db(tmp_path / "run.sqlite", {"t": frame}, {}, background=True, released={"t": ("b",)})
+    del released, frame
+    store.flush(db)
+    gc.collect()
+    assert alive() is None
+    with monkeypatch.context() as m:  # from memory: the file is not read
+        m.setattr(store, "_read_stored", lambda *a: pytest.fail("read the file"))
+        lean = store.read_table(db, "t", without=("b",))
+    pd.testing.assert_frame_equal(lean, pd.DataFrame({"a": np.arange(1000)}))
+    full = store.read_table(db, "t")
+    pd.testing.assert_frame_equal(full, pd.DataFrame({"a": np.arange(1000), "b": np.arange(1000) / 8}))
 
 
 def test_a_full_disk_in_the_writer_thread_is_one_line(tmp_path, export_path, monkeypatch):

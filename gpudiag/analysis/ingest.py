@@ -21,6 +21,12 @@ from gpudiag.sources.ncu import read_ncu
 from gpudiag.sources.nsys_sqlite import read_export, session_start_ns
 
 
+# Export columns no stage of the analysis reads: written to the run database, then dropped from the
+# frames kept in memory (store.create_run_db's ``released``; 5 M kernels: 0.27 GB, docs/scale.md).
+UNREAD_COLUMNS = {"kernels": ("context_id", "static_smem_bytes", "dynamic_smem_bytes", "local_mem_per_thread_bytes"),
+                  "runtime_api": ("return_value",)}
+
+
 def ingest(export_path: Path, db_path: Path, source_name: str | None = None,
            ncu_path: Path | None = None, background: bool = False) -> sqlite_utils.Database:
     """Read the nsys SQLite export at ``export_path`` (and, if given, the Nsight Compute report at
@@ -42,7 +48,7 @@ def ingest(export_path: Path, db_path: Path, source_name: str | None = None,
                                                  "ncu_source": ncu_path.name if ncu_path else None,
                                                  "missing": export.missing, "environment": export.environment,
                                                  "dropped_rows": export.dropped, "rows_read": export.rows_read},
-                                 background=background)
+                                 background=background, released=UNREAD_COLUMNS)
 
 
 # Several exports of one job (one per rank): each file's index is written into bits 52..62 of its
@@ -91,7 +97,8 @@ def ingest_many(export_paths: list[Path], db_path: Path, source_name: str | None
             meta[key] = _summed(meta[key], part["meta"][key])
     files = [p.name for p in export_paths]
     return store.create_run_db(db_path, tables, {**meta, "source": source_name or f"{len(files)} exports: {', '.join(files)}",
-                                                 "ncu_source": None, "sources": files}, background=background)
+                                                 "ncu_source": None, "sources": files}, background=background,
+                                 released=UNREAD_COLUMNS)
 
 
 def _tagged(export, index: int, shift_ns: int) -> dict:
@@ -134,8 +141,8 @@ class Tables(NamedTuple):
 def read_tables(db: sqlite_utils.Database, meta: dict, warnings: list[str]) -> Tables:
     """The run database's frames (an empty ``nvtx`` with its columns); raises :class:`AnalysisError`
     when the export holds no kernel."""
-    kernels = store.read_table(db, "kernels")
-    runtime_api = store.read_table(db, "runtime_api")
+    kernels = store.read_table(db, "kernels", without=UNREAD_COLUMNS["kernels"])
+    runtime_api = store.read_table(db, "runtime_api", without=UNREAD_COLUMNS["runtime_api"])
     nvtx = store.read_table(db, "nvtx_ranges")
     devices = store.read_table(db, "devices")
     memcpy, memset = store.read_table(db, "memcpy"), store.read_table(db, "memset")

@@ -105,7 +105,7 @@ def codes_frame(dtype: pd.CategoricalDtype) -> pd.DataFrame:
 
 def as_codes(df: pd.DataFrame, table: str) -> pd.DataFrame:
     """``df`` (run database table ``table``) as the run database stores it: its dictionary-encoded
-    name columns (:data:`NAME_COLUMNS`) as their codes (int64; float64 with NULL as NaN), any
+    name columns (:data:`NAME_COLUMNS`) as their codes (integers; float64 with NULL as NaN), any
     other dictionary-encoded column as text. ``df`` itself where nothing changes."""
     cats = [c for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)]
     if not cats:
@@ -116,7 +116,9 @@ def as_codes(df: pd.DataFrame, table: str) -> pd.DataFrame:
             out[c] = df[c].astype(object)
             continue
         codes = df[c].cat.codes.to_numpy()
-        out[c] = codes.astype(np.int64) if (codes >= 0).all() else np.where(codes >= 0, codes, np.nan)
+        # the codes' own width (int8-int32): SQLite stores an integer in as few bytes as it needs, so the
+        # stored values and column type are the same as from int64, without an int64 copy (13.5 M API calls: 108 MB)
+        out[c] = codes if (codes >= 0).all() else np.where(codes >= 0, codes, np.nan)
     return out
 
 

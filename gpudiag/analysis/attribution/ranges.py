@@ -45,6 +45,12 @@ class Steps:
     runs: pd.DataFrame | None = None
 
 
+# Rows per slice of the whole-table lookups (:func:`window_index`, :func:`_isin_ids`): their
+# temporaries are a few arrays of this many rows, not of every row (13.5 M API calls: 0.7 GB at the
+# 5 M-kernel report's peak, docs/scale.md)
+SLICE_ROWS = 1 << 20
+
+
 def launch_calls(kernels: pd.DataFrame, runtime_api: pd.DataFrame) -> pd.DataFrame:
     """For each kernel row (same index), its launch call: api_start_ns, api_end_ns, api_tid,
     api_name. NaN where the export has no matching call (e.g. API tracing was off)."""
@@ -83,10 +89,22 @@ def _repeated_calls(api: pd.DataFrame) -> np.ndarray:
 def _isin_ids(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     """``np.isin(ids, wanted)`` for int64 ids: by a lookup table over ``wanted``'s range where that
     table takes at most 8 bytes per id (numpy's own choice stops at 6 entries per element of both:
-    the copies of 2.7 M calls against ids up to 20 M were sorted, 0.12 s, not looked up, 0.04 s)."""
-    if len(wanted) and len(ids) and int(wanted.max()) - int(wanted.min()) <= 8 * len(ids):
-        return np.isin(ids, wanted, kind="table")
-    return np.isin(ids, wanted)
+    the copies of 2.7 M calls against ids up to 20 M were sorted, 0.12 s, not looked up, 0.04 s),
+    looked up :data:`SLICE_ROWS` ids at a time (numpy's table method copies every id in
+    range twice: 13.5 M API calls, 0.2 GB at the 5 M-kernel report's peak, docs/scale.md)."""
+    if not (len(wanted) and len(ids)):
+        return np.zeros(len(ids), dtype=bool)
+    lo, hi = int(wanted.min()), int(wanted.max())
+    if hi - lo > 8 * len(ids):
+        return np.isin(ids, wanted)
+    table = np.zeros(hi - lo + 1, dtype=bool)
+    table[wanted - lo] = True
+    out = np.zeros(len(ids), dtype=bool)
+    for a in range(0, len(ids), SLICE_ROWS):
+        part = ids[a:a + SLICE_ROWS]
+        inside = (part >= lo) & (part <= hi)
+        out[a:a + len(part)][inside] = table[part[inside] - lo]
+    return out
 
 
 def innermost_range(ranges: pd.DataFrame, query_ns: np.ndarray, query_tid: np.ndarray) -> np.ndarray:
@@ -136,16 +154,25 @@ def innermost_range(ranges: pd.DataFrame, query_ns: np.ndarray, query_tid: np.nd
     return result
 
 
-def window_index(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray) -> np.ndarray:
-    """Index of the window [start, end) containing each time in ``ts`` (windows sorted and
-    non-overlapping), -1 where none does or ``ts`` is NaN."""
-    ts = np.asarray(ts, dtype=float)
+
+
+def window_index(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray, labels: np.ndarray | None = None) -> np.ndarray:
+    """Index (int64) of the window [start, end) containing each time in ``ts`` (ns, any numeric
+    dtype, NaN for none; windows sorted and non-overlapping), -1 where none does or ``ts`` is NaN;
+    with ``labels`` (integers, one per window), the window's label instead of its index.
+    Compared as float64, as the times always were; computed :data:`SLICE_ROWS` at a time."""
+    ts = np.asarray(ts)
+    out = np.full(len(ts), -1, dtype=np.int64)
     if len(starts) == 0:
-        return np.full(len(ts), -1, dtype=np.int64)
-    i = np.searchsorted(np.asarray(starts, dtype=float), ts, side="right") - 1
-    ok = (i >= 0) & ~np.isnan(ts)
-    ok[ok] &= ts[ok] < np.asarray(ends, dtype=float)[i[ok]]
-    return np.where(ok, i, -1)
+        return out
+    starts, ends = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
+    for a in range(0, len(ts), SLICE_ROWS):
+        t = ts[a:a + SLICE_ROWS].astype(float, copy=False)
+        i = np.searchsorted(starts, t, side="right") - 1
+        ok = (i >= 0) & ~np.isnan(t)
+        ok[ok] &= t[ok] < ends[i[ok]]
+        out[a:a + len(t)][ok] = i[ok] if labels is None else labels[i[ok]]
+    return out
 
 
 def _outermost(ranges: pd.DataFrame) -> pd.DataFrame:

@@ -21,7 +21,7 @@ from gpudiag.analysis.rules.overlaps import mark_overlaps
 from gpudiag.analysis.rules.registry import recommend_split
 from gpudiag.analysis.steps import serving
 from gpudiag.analysis.steps.frames import measured_api
-from gpudiag.analysis.steps.launches import in_measured_steps
+from gpudiag.analysis.steps.launches import in_measured_steps, kept_rows
 from gpudiag.analysis.steps.representative import compare_bare
 
 
@@ -87,7 +87,7 @@ def run_rules(km, detail, idle, runtime_api, api, memcpy, steps, measured_ids, n
                                 steps.table, measured_ids)
               if not memcpy.empty else memcpy.assign(step=pd.Series(dtype=int)))
 
-    ctx = RuleContext(km=km, detail=detail, api=api, memcpy=copies, idle=idle[idle["step"].isin(measured_ids)],
+    ctx = RuleContext(km=km, detail=detail, api=api, memcpy=copies, idle=kept_rows(idle, idle["step"].isin(measured_ids).to_numpy()),
                       n_steps=n, step_ns=step_ns, peaks=device_peaks, ncu=ncu, measured_steps=sorted(measured_ids),
                       **context)
     return recommend_split(ctx)

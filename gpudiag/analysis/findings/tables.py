@@ -11,6 +11,7 @@ import pandas as pd
 
 from gpudiag import nvtx_names
 from gpudiag.analysis.attribution.families import kernel_label, per_distinct
+from gpudiag.analysis.steps.launches import kept_rows
 from gpudiag.sources import int_keys
 from gpudiag.sources.nsys_sqlite import kernel_summary
 
@@ -140,7 +141,7 @@ def stream_rows(gaps: pd.DataFrame, k: pd.DataFrame, measured_ids: set, n: int) 
     """Per stream, the gaps between its kernels in the measured steps, per step: all, host-bound
     ones and their time, and the time of the others (ns)."""
     gaps_m = gaps.merge(k[["kernel_id", "step"]], on="kernel_id")
-    gaps_m = gaps_m[gaps_m["step"].isin(measured_ids)]
+    gaps_m = kept_rows(gaps_m, gaps_m["step"].isin(measured_ids).to_numpy())
     rows = []
     for stream, g in gaps_m.groupby("stream_id"):
         hb = g[g["host_bound"]]

@@ -120,11 +120,13 @@ def estimated_bytes(configs: pd.DataFrame, bandwidth: float) -> pd.DataFrame:
                          "bytes_method": np.where(use_launch, "launch_config", "time_at_peak")}, index=configs.index)
 
 
-def kernel_runs(kernels: pd.DataFrame) -> pd.DataFrame:
+def kernel_runs(kernels: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
     """The members of every run (module docstring) in ``kernels`` (columns: step, stream_id,
     start_ns, duration_ns, name, kernel_class, family, and CONFIG_COLUMNS): the member rows, in run
     order, with ``run`` (an id per run), ``config`` (an id per launch configuration) and ``key`` (the
-    run's configuration sequence, as a string). Runs of one kernel are left out."""
+    run's configuration sequence, as a string). Runs of one kernel are left out. ``columns``: the
+    columns of ``kernels`` the members keep (all by default; most kernels of a bandwidth-bound
+    capture are members, and each column kept is copied for them)."""
     # The runs are found on a few columns (the names as integer codes) with each row's position;
     # the members' rows of ``kernels`` are copied once at the end (a row filter of the kernel frame
     # copies every column, the names included: 22 % of a 1 M-kernel foreign report's main thread).
@@ -147,7 +149,7 @@ def kernel_runs(kernels: pd.DataFrame) -> pd.DataFrame:
     sizes = _run_sizes(run)
     keep = np.repeat(sizes >= 2, sizes)
     rows, config, run, sizes = rows[keep], config[keep], run[keep], sizes[sizes >= 2]
-    members = kernels.iloc[rows].assign(config=config, run=run)
+    members = (kernels if columns is None else kernels[columns]).iloc[rows].assign(config=config, run=run)
     members["key"] = _run_keys(config, sizes)
     return members
 
@@ -213,6 +215,11 @@ def _reference(names: list[str]) -> str | None:
     return None
 
 
+# The members' columns the candidates read (per configuration, per run): the others of the kernel
+# frame are not copied for every member (5 M kernels: 0.2 GB at the report's peak, docs/scale.md)
+MEMBER_COLUMNS = ["name", "short_name", "family", "grid_x", "grid_y", "grid_z", "block_x", "duration_ns", "module"]
+
+
 def kernel_sequence_candidates(kernels: pd.DataFrame, peaks: DevicePeaks, n_steps: int,
                                top: int | None = 10) -> list[dict]:
     """Fusion candidates from the measured steps' kernels (``kernels``: columns of
@@ -228,7 +235,8 @@ def kernel_sequence_candidates(kernels: pd.DataFrame, peaks: DevicePeaks, n_step
     k = kernels if "module" in kernels else kernels.assign(module="")
     members = kernel_runs(k[list(dict.fromkeys(["step", "stream_id", "start_ns", "duration_ns", "kernel_class", "family",
                                                 "short_name", "module", *CONFIG_COLUMNS,
-                                                *(["config_key"] if "config_key" in k else [])]))])
+                                                *(["config_key"] if "config_key" in k else [])]))],
+                          columns=MEMBER_COLUMNS)
     if members.empty:
         return []
     per_config = members.groupby("config").agg(name=("name", "first"), short_name=("short_name", "first"),

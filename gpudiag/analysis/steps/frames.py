@@ -96,4 +96,6 @@ def measured_api(runtime_api: pd.DataFrame, steps: Steps, measured_ids: set) -> 
     if runtime_api.empty:
         return runtime_api
     api = runtime_api[[c for c in MEASURED_API_COLUMNS if c in runtime_api]]
-    return in_measured_steps(api, api["start_ns"].to_numpy(dtype=float), steps.table, measured_ids)
+    start = api["start_ns"]  # int64 as is (window_index compares slices as floats): no float copy of every call
+    return in_measured_steps(api, start.to_numpy() if start.dtype == np.int64 else start.to_numpy(dtype=float),
+                             steps.table, measured_ids)

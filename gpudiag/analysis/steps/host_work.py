@@ -61,7 +61,7 @@ def split_host_idle(idle: pd.DataFrame, runtime_api: pd.DataFrame, nvtx: pd.Data
     before and after it and ``where``, the innermost NVTX range on the thread around it). A
     host-bound interval whose launching thread is unknown stays launch-bound, and so does a long
     stretch inside the model's own execution (:func:`in_model`)."""
-    idle = idle.copy()
+    idle = idle.copy(deep=False)  # new columns only: the caller's frame is not changed, and not copied (5 M: 0.28 GB)
     long = _long_stretches(idle, runtime_api, threshold_ns)
     long = long[~in_model(long, nvtx)] if len(long) else long
     gap = long["gap"].to_numpy(dtype=np.int64)

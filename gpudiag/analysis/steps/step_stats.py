@@ -51,7 +51,10 @@ def class_ns_per_step(km: pd.DataFrame, activities: pd.DataFrame, measured_ids: 
     measured kernels ``km`` and of the steps' copies and memsets (from ``activities``)."""
     # Copies and memsets are memory traffic: they count as bandwidth time.
     copies = activities[(activities["kind"] != "kernel") & activities["step"].isin(measured_ids)]
-    busy_parts = pd.concat([km[["step", "kernel_class", "duration_ns"]],
+    # the kernels summed per (step, class) first: integer sums in any order are the same sums, and the
+    # concat below copies a few rows per step, not every kernel's (5 M kernels: 0.16 GB, docs/scale.md)
+    kernel_ns = km.groupby(["step", "kernel_class"])["duration_ns"].sum().reset_index()
+    busy_parts = pd.concat([kernel_ns,
                             pd.DataFrame({"step": copies["step"], "kernel_class": "bandwidth",
                                           "duration_ns": copies["end_ns"] - copies["start_ns"]})])
     class_ns = busy_parts.groupby(["step", "kernel_class"])["duration_ns"].sum().unstack(fill_value=0)

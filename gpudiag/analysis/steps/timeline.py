@@ -59,9 +59,19 @@ def covered_ns(m_s: np.ndarray, m_e: np.ndarray, w_s: np.ndarray, w_e: np.ndarra
     return covered_before(w_e) - covered_before(w_s)
 
 
+ACTIVITY_KINDS = pd.CategoricalDtype(["kernel", "memcpy", "memset"])
+
+
+def _kinds(kind: str, n: int) -> pd.Categorical:
+    """``n`` rows of ``kind`` as one byte each (5 M kernels as text: 78 MB of the report's peak, docs/scale.md)."""
+    return pd.Categorical.from_codes(np.full(n, ACTIVITY_KINDS.categories.get_loc(kind), dtype=np.int8),
+                                     dtype=ACTIVITY_KINDS)
+
+
 def gpu_activities(kernels: pd.DataFrame, memcpy: pd.DataFrame, memset: pd.DataFrame,
                    runtime_api: pd.DataFrame, kernel_calls: pd.DataFrame | None = None) -> pd.DataFrame:
-    """All GPU work as one table sorted by start: start_ns, end_ns, kind (kernel/memcpy/memset),
+    """All GPU work as one table sorted by start: start_ns, end_ns, kind (kernel/memcpy/memset,
+    :data:`ACTIVITY_KINDS`),
     stream_id, global_pid, correlation_id, kernel_id (NaN for copies), and the launch call's
     api_start_ns / api_end_ns / api_tid (the launching thread; NaN where the export has none).
     ``kernel_calls``: the kernels' own launch calls where the caller has them (columns
@@ -69,10 +79,10 @@ def gpu_activities(kernels: pd.DataFrame, memcpy: pd.DataFrame, memset: pd.DataF
     ``kernels``, as the attribution holds them); then only the copies' and memsets' calls are
     looked up."""
     cols = ["start_ns", "end_ns", "stream_id", "global_pid", "correlation_id"]
-    parts = [kernels[cols + ["kernel_id"]].assign(kind="kernel")]
+    parts = [kernels[cols + ["kernel_id"]].assign(kind=_kinds("kernel", len(kernels)))]
     for name, df in (("memcpy", memcpy), ("memset", memset)):
         if not df.empty:
-            parts.append(df[cols].assign(kind=name, kernel_id=np.nan))
+            parts.append(df[cols].assign(kind=_kinds(name, len(df)), kernel_id=np.nan))
     act = pd.concat(parts, ignore_index=True)
     if kernel_calls is None:
         calls = [launch_calls(act, runtime_api)]

@@ -67,6 +67,48 @@ def test_window_index():
     assert list(window_index(starts, ends, np.array([0, 9, 10, 25, 39, 40, np.nan]))) == [0, 0, 1, -1, 2, -1, -1]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 60), max_size=12, unique=True),
+       st.lists(st.one_of(st.integers(-5, 70), st.none()), max_size=40), st.integers(1, 5))
+def test_window_index_in_slices_equals_the_whole_array_formula(bounds, times, rows):
+    """window_index a few rows at a time (int64 or float times, NaN for none), with and without labels,
+    equals the formula over the whole array at once (the oracle: what it computed before slicing)."""
+    import gpudiag.analysis.attribution.ranges as ranges_mod
+    edges = np.sort(np.array(bounds, dtype=np.int64))
+    starts, ends = edges[0::2][:len(edges) // 2], edges[1::2]
+    ts = np.array([np.nan if t is None else t for t in times], dtype=float)
+    if len(starts):
+        i = np.searchsorted(starts.astype(float), ts, side="right") - 1
+        ok = (i >= 0) & ~np.isnan(ts)
+        ok[ok] &= ts[ok] < ends.astype(float)[i[ok]]
+        want = np.where(ok, i, -1)
+    else:
+        want = np.full(len(ts), -1)
+    labels = np.arange(len(starts), dtype=np.int64) * 10 + 3
+    old, ranges_mod.SLICE_ROWS = ranges_mod.SLICE_ROWS, rows
+    try:
+        assert window_index(starts, ends, ts).tolist() == want.tolist()
+        assert window_index(starts, ends, ts, labels=labels).tolist() == np.where(want >= 0, labels[want] if len(labels) else 0, -1).tolist()
+        if not np.isnan(ts).any():
+            assert window_index(starts, ends, ts.astype(np.int64)).tolist() == want.tolist()
+    finally:
+        ranges_mod.SLICE_ROWS = old
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-3, 40), max_size=50), st.lists(st.integers(-3, 40), max_size=20), st.integers(1, 7))
+def test_isin_ids_in_slices_equals_numpy_isin(ids, wanted, rows):
+    """The launch-call join's id lookup (a table over the wanted ids' range, a few ids at a time)
+    equals numpy's isin, ids outside the range and an empty side included."""
+    import gpudiag.analysis.attribution.ranges as ranges_mod
+    ids_a, wanted_a = np.array(ids, dtype=np.int64), np.array(wanted, dtype=np.int64)
+    old, ranges_mod.SLICE_ROWS = ranges_mod.SLICE_ROWS, rows
+    try:
+        assert ranges_mod._isin_ids(ids_a, wanted_a).tolist() == np.isin(ids_a, wanted_a).tolist()
+    finally:
+        ranges_mod.SLICE_ROWS = old
+
+
 def test_window_index_without_windows_is_minus_one_per_time():
     """No windows (an export without phase ranges): one -1 per query time, an array of their shape."""
     got = window_index(np.array([]), np.array([]), np.array([5.0, np.nan, 7.0]))

@@ -22,7 +22,7 @@ from rich.console import Console
 
 from gpudiag import nvtx_names, store
 from gpudiag.analysis.roofline import peaks as peaks_mod
-from gpudiag.analysis.fusion.kernel_sequence import (KERNEL_PATTERNS, kernel_runs, kernel_sequence_candidates, launch_config_bytes,
+from gpudiag.analysis.fusion.kernel_sequence import (KERNEL_PATTERNS, MEMBER_COLUMNS, kernel_runs, kernel_sequence_candidates, launch_config_bytes,
                                               step_label)
 from gpudiag.analysis.ingest import ingest
 from gpudiag.analysis.pipeline import analyse
@@ -347,3 +347,15 @@ def test_runs_from_the_classification_config_key_equal_the_groupby(zoo_pair, nam
     by_key = kernel_runs(k)
     assert len(by_key) > 100
     pd.testing.assert_frame_equal(by_key.drop(columns="config_key"), by_groupby)
+
+
+def test_members_keep_only_the_columns_asked_for(zoo_pair):
+    """kernel_runs with ``columns``: the same members, config ids, runs and keys, with only those columns
+    of the kernel frame (what kernel_sequence_candidates reads: MEMBER_COLUMNS), on a real capture."""
+    stripped, db, _ = zoo_pair("llama")["stripped"]
+    k = kernels_of(db)
+    k = k[k["step"].isin(measured_steps(stripped))].assign(module="")
+    every = kernel_runs(k)
+    lean = kernel_runs(k, columns=MEMBER_COLUMNS)
+    assert len(lean) > 100 and list(lean.columns) == [*MEMBER_COLUMNS, "config", "run", "key"]
+    pd.testing.assert_frame_equal(lean, every[list(lean.columns)])
