@@ -86,7 +86,7 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     store.write_table(db, "steps", s.st)
     compiled = measured_summary(compiled, t.kernels, attribution, s.measured_ids, status)
     # 5-7. ranks (this process's collectives), fusion and rules: the findings
-    found, api_m = findings(s.k, s.km, s.detail_step, s.idle, t, steps, s.measured, s.step_ns, device_peaks, ncu,
+    found, api_m = findings(s.k, s.km, s.detail_step, s.idle_m, t, steps, s.measured, s.step_ns, device_peaks, ncu,
                             payloads, RuleInputs(status, dev, compiled, s.stretches_m))
     warnings.extend(sections.capture_warnings(meta, status))
     warnings.extend(sections.few_steps(len(s.st)))

@@ -39,7 +39,9 @@ def findings(k: pd.DataFrame, km: pd.DataFrame, detail_step: int | None, idle: p
               payloads: pd.Series, rule_inputs: RuleInputs) -> tuple[dict, pd.DataFrame]:
     """(report.json's recommendations, suppressed, fusion candidates (the op data flow of the detail
     step, else the kernel sequence), fusion saving per kernel, fusion note, host time per step (ns)
-    and fusion source; the measured steps' API calls, with ``step``, for the launch counts)."""
+    and fusion source; the measured steps' API calls, with ``step``, for the launch counts).
+    ``idle``: GPU-idle intervals with ``step`` (the rules read the measured steps'; passing only those,
+    as the pipeline does, spares a copy of them)."""
     n, measured_ids = len(measured), set(measured["step"])
     detail = k[(k["step"] == detail_step) & (k["op"] != "")] if detail_step is not None else k.iloc[0:0]
     all_candidates = fusion_candidates(detail, device_peaks, top=None, op_payloads=payloads.tolist() if len(payloads) else None)
