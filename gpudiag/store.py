@@ -219,7 +219,7 @@ def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict, backg
     :func:`write_table` on ``db`` is queued behind them, in order; :func:`flush` waits for all
     and raises the first write's error (sqlite3.OperationalError for a full disk).
 
-    ``released``: per table, columns that the frames kept in memory drop once every table is in the
+    ``released``: per table, columns that its frame kept in memory drops once the table is in the
     file (the analysis does not read them; the writer did): :func:`read_table` then gives the
     table from memory only to a caller that reads it ``without`` them, and reads the file for any
     other (5 M kernels: 0.27 GB of the report's peak, docs/scale.md)."""

@@ -162,8 +162,6 @@ def innermost_range(ranges: pd.DataFrame, query_ns: np.ndarray, query_tid: np.nd
     return result
 
 
-
-
 def _holding_a_query(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, q_tid: np.ndarray,
                      q_t: np.ndarray) -> np.ndarray:
     """Per range (thread, start, end; int64 ns), whether a query of its thread (``q_tid``, ``q_t``)
