@@ -53,10 +53,10 @@ def main() -> None:
         print(f"{rss / 2**30:.2f} GiB  " + " > ".join(stack))
     for i, (t, rss, stack) in enumerate(timeline):
         if i % args.timeline_every == 0:
-            # the outermost frame below the pipeline: the stage the sample fell in
-            stage = next((s for s in reversed(stack) if any(m in s for m in ("run.py", "report.py", "store.py"))), "")
+            # the stage the sample fell in: the innermost pipeline stage, else the innermost run/report/store frame
             inner = [s for s in stack if s.startswith(("_step_frames", "findings", "_step_sections", "analyse("))]
-            stage = inner[-1] if inner else stage
+            stage = inner[-1] if inner else next(
+                (s for s in reversed(stack) if any(m in s for m in ("run.py", "report.py", "store.py"))), "")
             print(f"{t - start:7.1f} s {rss / 2**30:6.2f} GiB  {stage} | {stack[-1] if stack else ''}")
 
 

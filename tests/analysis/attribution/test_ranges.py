@@ -4,6 +4,7 @@ brute force, and their results on the real Swin-T captures."""
 from __future__ import annotations
 
 import json
+from unittest import mock
 
 import numpy as np
 import pandas as pd
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudiag import store
+from gpudiag.analysis.attribution import ranges as ranges_mod
 from gpudiag.analysis.attribution.ranges import find_steps, innermost_range, window_index
 
 from conftest import ROOT
@@ -84,7 +86,6 @@ def test_window_index():
 def test_window_index_in_slices_equals_the_whole_array_formula(bounds, times, rows):
     """window_index a few rows at a time (int64 or float times, NaN for none), with and without labels,
     equals the formula over the whole array at once (the oracle: what it computed before slicing)."""
-    import gpudiag.analysis.attribution.ranges as ranges_mod
     edges = np.sort(np.array(bounds, dtype=np.int64))
     starts, ends = edges[0::2][:len(edges) // 2], edges[1::2]
     ts = np.array([np.nan if t is None else t for t in times], dtype=float)
@@ -96,14 +97,11 @@ def test_window_index_in_slices_equals_the_whole_array_formula(bounds, times, ro
     else:
         want = np.full(len(ts), -1)
     labels = np.arange(len(starts), dtype=np.int64) * 10 + 3
-    old, ranges_mod.SLICE_ROWS = ranges_mod.SLICE_ROWS, rows
-    try:
+    with mock.patch.object(ranges_mod, "SLICE_ROWS", rows):
         assert window_index(starts, ends, ts).tolist() == want.tolist()
         assert window_index(starts, ends, ts, labels=labels).tolist() == np.where(want >= 0, labels[want] if len(labels) else 0, -1).tolist()
         if not np.isnan(ts).any():
             assert window_index(starts, ends, ts.astype(np.int64)).tolist() == want.tolist()
-    finally:
-        ranges_mod.SLICE_ROWS = old
 
 
 @settings(max_examples=200, deadline=None)
@@ -111,13 +109,9 @@ def test_window_index_in_slices_equals_the_whole_array_formula(bounds, times, ro
 def test_isin_ids_in_slices_equals_numpy_isin(ids, wanted, rows):
     """The launch-call join's id lookup (a table over the wanted ids' range, a few ids at a time)
     equals numpy's isin, ids outside the range and an empty side included."""
-    import gpudiag.analysis.attribution.ranges as ranges_mod
     ids_a, wanted_a = np.array(ids, dtype=np.int64), np.array(wanted, dtype=np.int64)
-    old, ranges_mod.SLICE_ROWS = ranges_mod.SLICE_ROWS, rows
-    try:
+    with mock.patch.object(ranges_mod, "SLICE_ROWS", rows):
         assert ranges_mod._isin_ids(ids_a, wanted_a).tolist() == np.isin(ids_a, wanted_a).tolist()
-    finally:
-        ranges_mod.SLICE_ROWS = old
 
 
 def test_window_index_without_windows_is_minus_one_per_time():
