@@ -5,6 +5,8 @@ the user's own ranges.
 Formats (one line each):
 - step:   ``gpudiag:step 3``                      (NVTX start/end range, not thread-bound)
 - phase:  ``gpudiag:phase backward``              (push/pop on the thread that called backward/step)
+- closure: ``gpudiag:closure``                     (push/pop around each closure ``optimizer.step(closure)``
+          evaluates; the optimizer phase range is closed while it runs)
 - module: ``gpudiag:module layers.0.attn|WindowAttention``  (qualified path | class name)
 - op:     ``gpudiag:op {"op":"aten::mm","in":["bfloat16[32,768]@7f3a2c000000",...]}``  (JSON; each
           tensor as dtype[shape]@storage address, for the data-dependency analysis)
@@ -19,6 +21,7 @@ MODULE = PREFIX + "module "
 OP = PREFIX + "op "
 OUT = PREFIX + "out "
 TAIL = PREFIX + "tail"
+CLOSURE = PREFIX + "closure"  # push/pop around a closure optimizer.step(closure) evaluates (its work is not the optimizer's)
 GRAPH = PREFIX + "graph "  # push/pop around each run of an Inductor-compiled graph: ``gpudiag:graph 3``
 
 PHASES = ("forward", "backward", "optimizer")

@@ -115,6 +115,9 @@ RECOMMENDATIONS = _cols(
     ("trial_changes_results", BOOL, "the change altered the script's results"),
     ("measured_saving_ns", FLOAT, "the trial's saving per step where conclusive"),
     ("measured_saving_percent", FLOAT, "the same, of the step"),
+    ("covers_ns_per_step", FLOAT, "the time per step the rule's evidence covers (a trial saving more is not its)"),
+    ("trial_contradicts", BOOL, "predicted over 20 % of the step, its trial measured under 5 %"),
+    ("trial_not_credited", STR, "a trial of its change saved more than its evidence covers: shown on its own line"),
 )
 
 FUSION_CANDIDATES = _cols(

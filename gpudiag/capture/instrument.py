@@ -275,6 +275,7 @@ def finish() -> dict:
         "step_wall_ns": step_wall_times(state),
         "step_gpu_ns": _safely(step_gpu_times, state),
         **_safely(lambda st: generate_summary(st.call_steps, st), state),
+        **training_steps.micro_batches(state),
         **ddp_watch.summary(),
         **state.window.summary(),
     }

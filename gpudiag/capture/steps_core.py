@@ -64,6 +64,11 @@ class CaptureState:
     optimizers_stepped: "weakref.WeakSet" = field(default_factory=weakref.WeakSet)  # optimizers that stepped
     steps_waiting: int = 0  # optimizer steps seen while an optimizer built had not stepped yet
     last_new_optimizer: object = None  # weak ref to the optimizer that stepped first time last
+    optimizer_calls: dict = field(default_factory=dict)  # step -> optimizer.step() calls in it
+    backward_outside_closures: dict = field(default_factory=dict)  # step -> backward() calls outside closures
+    closure_calls: dict = field(default_factory=dict)  # step -> closures optimizer.step() evaluated
+    closure_backward_calls: dict = field(default_factory=dict)  # step -> backward() calls inside them
+    closure_depth: int = 0  # > 0 while a closure given to optimizer.step() runs
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

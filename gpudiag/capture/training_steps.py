@@ -40,6 +40,10 @@ def wrap_backward(torch) -> None:
             return original(*args, **kwargs)
         ensure_step_open()
         training_seen(state)
+        # backward() inside a closure optimizer.step() evaluates: one micro-batch however often
+        # the closure runs (see micro_batches)
+        calls = state.closure_backward_calls if state.closure_depth else state.backward_outside_closures
+        calls[state.step_index] = calls.get(state.step_index, 0) + 1
         state.window.record_loss(state.step_index, args[0] if args else kwargs.get("tensors"))
         state.nvtx.push(nvtx_names.PHASE + "backward")
         try:
@@ -85,13 +89,50 @@ def watch_optimizers(optim_module) -> None:
     cls.__init__ = __init__
 
 
-def optimizer_pre_hook(optimizer, args, kwargs) -> None:
-    """Before every ``optimizer.step()``: open step 0 if needed and push the optimizer phase range."""
+def optimizer_pre_hook(optimizer, args, kwargs):
+    """Before every ``optimizer.step()``: open step 0 if needed, push the optimizer phase range
+    and, when the step was given a closure, run that closure outside it (:func:`outside_optimizer`).
+    Returns the step's (args, kwargs) with the closure wrapped (torch's pre-hook protocol), or None
+    when there is none."""
     state = steps_core.current()
-    if state is not None and not compiling():
-        training_seen(state)
-        ensure_step_open()
-        state.nvtx.push(nvtx_names.PHASE + "optimizer")
+    if state is None or compiling():
+        return None
+    training_seen(state)
+    ensure_step_open()
+    state.optimizer_calls[state.step_index] = state.optimizer_calls.get(state.step_index, 0) + 1
+    state.nvtx.push(nvtx_names.PHASE + "optimizer")
+    # step(self, closure=None) in every torch.optim optimizer; args[0] is the optimizer itself
+    if len(args) > 1 and callable(args[1]):
+        return (args[0], outside_optimizer(state, args[1]), *args[2:]), kwargs
+    if callable(kwargs.get("closure")):
+        return args, {**kwargs, "closure": outside_optimizer(state, kwargs["closure"])}
+    return None
+
+
+def outside_optimizer(state: CaptureState, closure):
+    """``closure`` run outside the optimizer phase: Lightning's automatic optimization, LBFGS and
+    any ``optimizer.step(closure)`` evaluate the forward, the loss and ``backward()`` inside the
+    step, and that work is not the optimizer's (a ResNet-50 under Lightning had 59 % of its step
+    counted as optimizer time, issue 45). Each call pops the optimizer range, runs the closure
+    inside a ``gpudiag:closure`` range (the micro-batch count reads it) and pushes the optimizer
+    range again, so the optimizer's share is what its own update launches. Nesting stays balanced
+    when the closure raises."""
+    def closure_outside_optimizer(*args, **kwargs):
+        if not steps_core.owns(state) or compiling():
+            return closure(*args, **kwargs)
+        state.nvtx.pop()
+        state.nvtx.push(nvtx_names.CLOSURE)
+        state.closure_depth += 1
+        try:
+            return closure(*args, **kwargs)
+        finally:
+            state.closure_depth -= 1
+            state.closure_calls[state.step_index] = state.closure_calls.get(state.step_index, 0) + 1
+            state.nvtx.pop()
+            state.nvtx.push(nvtx_names.PHASE + "optimizer")
+
+    closure_outside_optimizer.__wrapped__ = closure
+    return closure_outside_optimizer
 
 
 def optimizer_post_hook(optimizer, args, kwargs) -> None:
@@ -122,3 +163,21 @@ def ends_iteration(state: CaptureState, optimizer) -> bool:
         state.steps_waiting += 1
         return state.steps_waiting > OPTIMIZER_PATIENCE
     return True
+
+
+def micro_batches(state: CaptureState) -> dict:
+    """The launcher status's count of what each step held, keyed by step (as text): the calls of
+    ``optimizer.step()`` (``optimizer_calls``), the closures they evaluated (``closure_calls``) and
+    the micro-batches (``micro_batches``): the ``backward()`` calls outside those closures plus one
+    when a closure called ``backward()``: a closure computes one batch however often an optimizer
+    evaluates it (LBFGS: up to ``max_iter`` times), and Lightning's manual optimization passes a
+    closure that does nothing. With gradient accumulation a step is one optimizer step over k
+    micro-batches (Lightning ``accumulate_grad_batches``, HF ``gradient_accumulation_steps``,
+    ``accelerator.accumulate``). A step with several ``optimizer.step()`` calls (a GAN's two
+    optimizers) has no micro-batch count: its backward() calls are not micro-batches of one update."""
+    steps = sorted(set(state.backward_outside_closures) | set(state.closure_backward_calls) | set(state.optimizer_calls))
+    counts = {str(s): state.backward_outside_closures.get(s, 0) + (1 if state.closure_backward_calls.get(s) else 0)
+              for s in steps if s >= 0 and state.optimizer_calls.get(s, 0) == 1}
+    return {"optimizer_calls": {str(s): n for s, n in state.optimizer_calls.items() if s >= 0},
+            "closure_calls": {str(s): n for s, n in state.closure_calls.items() if s >= 0},
+            "micro_batches": counts}

@@ -34,13 +34,27 @@ def print_whole(console: Console, table: Table) -> None:
     console.print(table, crop=False)
 
 
+def micro_batch_note(steps: dict) -> str:
+    """" · each over k micro-batches" where a step is an optimizer step over several (gradient
+    accumulation), and the closure evaluations where an optimizer ran its closure more than once
+    (LBFGS); empty otherwise."""
+    mb = steps.get("micro_batches") or {}
+    parts = []
+    if (mb.get("per_step") or 0) > 1:
+        parts.append(f"each one optimizer step over {mb['per_step']:g} micro-batches")
+    if (mb.get("closure_evaluations") or 0) > 1:
+        parts.append(f"{mb['closure_evaluations']:g} closure evaluations per step")
+    return "".join(f" · {p}" for p in parts)
+
+
 def render(result: dict, console: Console | None = None, top: int = 5) -> None:
     """Print device, step time, GPU busy %, the breakdown, the top kernels, the recommendations and
     the top fusion candidates."""
     console = console or Console()
     result = with_distinct_labels(result)
     steps = result["steps"]
-    console.print(Text(result["device"]["name"], style="bold") + Text(f" · {steps['measured']} measured steps ({steps['source']})"),
+    console.print(Text(result["device"]["name"], style="bold") + Text(f" · {steps['measured']} measured steps ({steps['source']})"
+                                                                     + micro_batch_note(steps)),
                   highlight=False)  # Text, not markup: names and regexes hold "[" 
     for warning in result.get("warnings", []):
         console.print(Text("warning: ", style="yellow") + Text(warning), highlight=False)
@@ -113,6 +127,9 @@ def trial_saving_text(rec: dict, trials_ran: bool) -> str:
     with the trial's estimate and 95 % interval; the trial's failure; "not tried", or "not
     measured" for a report without trials (an export made without gpudiag profile)."""
     status = rec.get("trial_status")
+    if rec.get("trial_contradicts"):
+        return (f"contradicted: {rec['trial_change']} measured {fmt_ns(rec.get('trial_saving_ns'))}"
+                f"{interval_text(rec.get('trial_saving_ci_ns'))}")
     if rec.get("measured_saving_ns") is not None:
         flag = ", changes results" if rec.get("trial_changes_results") or status == "changes results" else ""
         return f"{fmt_ns(rec['measured_saving_ns'])} ({rec['trial_change']}{flag})"
@@ -120,6 +137,8 @@ def trial_saving_text(rec: dict, trials_ran: bool) -> str:
         return f"inconclusive ({rec['trial_change']}: {fmt_ns(rec.get('trial_saving_ns'))}{interval_text(rec.get('trial_saving_ci_ns'))})"
     if status:
         return f"{status} ({rec['trial_change']})"
+    if rec.get("trial_not_credited"):
+        return "not credited: " + rec["trial_not_credited"]
     return "not tried" if trials_ran else "not measured"
 
 

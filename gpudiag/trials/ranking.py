@@ -11,16 +11,30 @@ On each recommendation whose rule names a tried change (:data:`gpudiag.trials.pl
 - ``measured_saving_ns`` / ``measured_saving_percent``: set only when the saving is conclusive,
   else None; the recommendation then keeps its predicted rank.
 
-A conclusive win of a change no rule predicted (tried because it applies to what the run does,
-:func:`gpudiag.trials.plan.generic_changes`, or asked with ``--try``) becomes a recommendation of
-its own, rule ``GD-MEASURED`` ("measured, not predicted"), ranked by its measured saving, with
-``predicted`` False and ``saving_ns_per_step`` 0 (no rule's estimate): rule authors find there
-what the rules missed.
+A trial speaks for a recommendation only when it is credited to it (:func:`credited`): its change
+acts on what the rule found, and its saving is no larger than the time the rule's evidence covers
+(``covers_ns_per_step``). A CUDA-graph saving of 14 ms is not a grid-size rule's when that rule
+found 3 ms of small-grid kernels (issue 45); the recommendation then says so in
+``trial_not_credited`` and keeps its predicted rank.
+
+A prediction its own trial contradicts (predicted over :data:`CONTRADICTED_PREDICTED` of the step,
+measured under :data:`CONTRADICTED_MEASURED` of it, conclusive or not) gets ``trial_contradicts``
+True and is ranked by the measurement.
+
+A conclusive win no recommendation was credited with (a change no rule predicted, tried because it
+applies to what the run does, :func:`gpudiag.trials.plan.generic_changes`, or asked with ``--try``;
+or one that saved more than the rule that named it covers) becomes a recommendation of its own,
+rule ``GD-MEASURED``, ranked by its measured saving, with ``predicted`` False and
+``saving_ns_per_step`` 0 (no rule's estimate): rule authors find there what the rules missed.
 """
 
 from __future__ import annotations
 
 MEASURED_RULE = "GD-MEASURED"
+# A prediction of more than 20 % of the step that its own trial measures under 5 % is contradicted
+# (issue 45's threshold: the Lightning ResNet-50's fused-optimizer advice, predicted 59 %, measured +1.6 %).
+CONTRADICTED_PREDICTED = 20.0
+CONTRADICTED_MEASURED = 5.0
 
 # How to make each change in the script (the form the trial measured: gpudiag.trials.changes).
 HOW_TO = {
@@ -56,21 +70,56 @@ def _rank_key(trial: dict) -> tuple:
     return (conclusive(trial), saving is not None, saving if saving is not None else float("-inf"))
 
 
-def best_by_rule(trials: list[dict]) -> dict[str, dict]:
-    """rule id -> the trial that speaks for it: its conclusive trial with the largest saving, else
-    the one with the largest (inconclusive) saving, else a failed one."""
+def credited(trial: dict, rec: dict) -> bool:
+    """Whether ``trial`` may speak for ``rec``: its change is one the rule names
+    (:data:`gpudiag.trials.plan.RULE_CHANGES`: it acts on what the rule found) and, where the
+    saving is conclusive and the rule says what time its evidence covers (``covers_ns_per_step``),
+    the saving is no larger than that time: the low end of its 95 % interval is at most the
+    covered time (a saving surely larger than the time the rule found is not the rule's)."""
     from gpudiag.trials.plan import RULE_CHANGES
 
-    out: dict[str, dict] = {}
-    for rule, changes in RULE_CHANGES.items():
-        mine = [t for t in trials if t["change"] in changes]
-        if mine:
-            out[rule] = max(mine, key=_rank_key)
-    return out
+    if trial["change"] not in RULE_CHANGES.get(rec.get("rule_id"), ()):
+        return False
+    covers = rec.get("covers_ns_per_step")
+    if covers is None or not conclusive(trial):
+        return True
+    low = (trial.get("saving_ci_ns") or [trial["saving_ns"]])[0]
+    return low <= covers
+
+
+def best_for(rec: dict, trials: list[dict]) -> dict | None:
+    """The trial that speaks for ``rec``: of the trials credited to it (:func:`credited`), the
+    conclusive one with the largest saving, else the one with the largest (inconclusive) saving,
+    else a failed one; None without any."""
+    mine = [t for t in trials if credited(t, rec)]
+    return max(mine, key=_rank_key) if mine else None
+
+
+def not_credited_note(rec: dict, trials: list[dict]) -> str | None:
+    """Why a conclusive trial of a change the rule names does not speak for it: its saving is
+    larger than the time the rule's evidence covers. None when there is no such trial."""
+    from gpudiag.trials.plan import RULE_CHANGES
+
+    for t in trials:
+        if t["change"] in RULE_CHANGES.get(rec.get("rule_id"), ()) and conclusive(t) and not credited(t, rec):
+            return (f"{t['change']} measured {_ms(t['saving_ns'])} ms/step, more than the "
+                    f"{_ms(rec['covers_ns_per_step'])} ms/step this rule's evidence covers: shown as its own measured line")
+    return None
+
+
+def contradicted(rec: dict, trial: dict) -> bool:
+    """Whether ``trial`` (credited to ``rec``) contradicts the rule's prediction: predicted over
+    :data:`CONTRADICTED_PREDICTED` % of the step, measured under :data:`CONTRADICTED_MEASURED` % of
+    the bare step (its point estimate, conclusive or not)."""
+    predicted = rec.get("saving_percent_of_step")
+    measured = trial.get("saving_percent")
+    return (predicted is not None and measured is not None and trial.get("saving_ns") is not None
+            and predicted > CONTRADICTED_PREDICTED and measured < CONTRADICTED_MEASURED)
 
 
 TRIAL_FIELDS = ("trial_change", "trial_status", "trial_reason", "trial_saving_ns", "trial_saving_ci_ns",
-                "trial_changes_results", "measured_saving_ns", "measured_saving_percent")
+                "trial_changes_results", "measured_saving_ns", "measured_saving_percent", "trial_contradicts",
+                "trial_not_credited")
 GRAPH_NOTE_START = " Measured: `torch.compile(mode="
 
 
@@ -86,18 +135,11 @@ def trial_fields(trial: dict) -> dict:
             "measured_saving_percent": trial.get("saving_percent") if sure else None}
 
 
-def _named_by(recs: list[dict]) -> set[str]:
-    """The changes the rules of ``recs`` name (:data:`gpudiag.trials.plan.RULE_CHANGES`)."""
-    from gpudiag.trials.plan import RULE_CHANGES
-
-    return {c for rec in recs for c in RULE_CHANGES.get(rec.get("rule_id"), ())}
-
-
-def unpredicted_win(trial: dict, named: set[str]) -> dict | None:
-    """The ``GD-MEASURED`` recommendation of a conclusive saving that no rule predicted: no
-    prediction on the trial and no recommendation whose rule names the change (``named``). None
-    for any other trial, and for ``args:`` trials (the user's own arguments, not a change)."""
-    if (trial.get("rule_id") is not None or trial["change"] in named or trial["change"].startswith("args:")
+def unpredicted_win(trial: dict, credited_to: list[str]) -> dict | None:
+    """The ``GD-MEASURED`` recommendation of a conclusive saving no recommendation was credited
+    with (``credited_to``: the rule ids it speaks for, :func:`best_for`). None for any other
+    trial, and for ``args:`` trials (the user's own arguments, not a change)."""
+    if (credited_to or trial["change"].startswith("args:")
             or not conclusive(trial) or trial.get("status") != "measured" or trial["saving_ns"] <= 0):
         return None
     low, high = trial.get("saving_ci_ns") or (None, None)
@@ -105,8 +147,9 @@ def unpredicted_win(trial: dict, named: set[str]) -> dict | None:
     runs = len(trial.get("baseline_runs_ns") or [])
     evidence = (f"trial {trial['change']}: {_ms(trial.get('baseline_step_ns'))} -> {_ms(trial.get('trial_step_ns'))} "
                 f"ms/step over {trial.get('steps')} steps, against {runs} baseline runs{interval}")
-    return {"rule_id": MEASURED_RULE, "title": f"Measured, not predicted: {trial['change']} saves "
-            f"{trial['saving_ns'] / 1e6:.2f} ms per step", "predicted": False,
+    named = f" (more than the time {trial['rule_id']}'s evidence covers)" if trial.get("rule_id") else ""
+    return {"rule_id": MEASURED_RULE, "title": f"Measured{'' if named else ', not predicted'}: {trial['change']} saves "
+            f"{trial['saving_ns'] / 1e6:.2f} ms per step{named}", "predicted": False,
             "saving_ns_per_step": 0.0, "saving_percent_of_step": 0.0, "saving_estimated": False,
             "estimate": "none: no rule predicted this change; a trial measured it on the script",
             "evidence": [evidence], "how_to_fix": HOW_TO.get(trial["change"]) or "; ".join(trial.get("applied") or []),
@@ -125,23 +168,35 @@ def attach(report: dict, trials: list[dict], left_out: list[dict]) -> dict:
     report["trials"] = trials
     report["trials_left_out"] = left_out
     recs = [r for r in report.get("recommendations") or [] if r.get("rule_id") != MEASURED_RULE]
-    by_rule = best_by_rule(trials)
+    speaks_for: dict[int, list[str]] = {id(t): [] for t in trials}
     for rec in recs:
         for key in TRIAL_FIELDS:  # a report attached before: its trials' fields go
             rec.pop(key, None)
-        trial = by_rule.get(rec.get("rule_id"))
+        trial = best_for(rec, trials)
         if trial is not None:
-            rec.update(trial_fields(trial))
+            rec.update(trial_fields(trial), trial_contradicts=contradicted(rec, trial))
+            speaks_for[id(trial)].append(rec["rule_id"])
+        note = not_credited_note(rec, trials)
+        if note:
+            rec["trial_not_credited"] = note
         if rec.get("rule_id") == "GD-OVERHEAD-BOUND":
             advice = (rec.get("how_to_fix") or "").split(GRAPH_NOTE_START)[0]
             rec["how_to_fix"] = advice + graph_form_note(rec, trials)
-    named = _named_by(recs)
-    recs += [w for w in (unpredicted_win(t, named) for t in trials) if w is not None]
-    recs.sort(key=lambda r: -(r["measured_saving_ns"] if r.get("measured_saving_ns") is not None
-                              else float(r.get("saving_ns_per_step") or 0.0)))
+    recs += [w for w in (unpredicted_win(t, speaks_for[id(t)]) for t in trials) if w is not None]
+    recs.sort(key=lambda r: -rank_ns(r))
     if "recommendations" in report or recs:
         report["recommendations"] = recs
     return report
+
+
+def rank_ns(rec: dict) -> float:
+    """A recommendation's rank, ns per step: its conclusive measured saving; for a contradicted
+    prediction its trial's measurement (none below 0); else its predicted saving."""
+    if rec.get("measured_saving_ns") is not None:
+        return float(rec["measured_saving_ns"])
+    if rec.get("trial_contradicts"):
+        return max(float(rec.get("trial_saving_ns") or 0.0), 0.0)
+    return float(rec.get("saving_ns_per_step") or 0.0)
 
 
 def graph_form_note(rec: dict, trials: list[dict]) -> str:

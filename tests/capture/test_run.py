@@ -192,6 +192,9 @@ def test_summary_reports_optimizer_mode_and_completed_steps(optimizer_capture):
     assert summary.pop("outputs") == {} and summary.pop("root_parameters") is None
     # one backward() per step, and no DistributedDataParallel (GD-DDP-NO-SYNC reads both)
     assert summary.pop("backward_calls") == {"0": 1, "1": 1, "2": 1, "3": 1} and summary.pop("ddp") is None and summary.pop("fsdp") is None
+    # one optimizer.step() and one micro-batch per step, no closure (issue 45)
+    assert summary.pop("optimizer_calls") == summary.pop("micro_batches") == {"0": 1, "1": 1, "2": 1, "3": 1}
+    assert summary.pop("closure_calls") == {}
     assert window["window_steps"] is None and window["window_complete"] is False and window["capture_range"] is False
     assert window["steps_regex"] is None and window["window_start_unix_s"] is not None  # step 1 opened
     assert summary == {"step_mode": "optimizer", "steps_completed": 4, "detail_step": 1, "warmup_steps": 1,

@@ -89,3 +89,34 @@ def test_a_10_mb_name_is_cut_in_the_terminal_and_kept_in_the_report(analysed):
     assert max(len(line) for line in text.splitlines()) < 300
     assert "…" in text and "GD-TORCH-COMPILE" in text
     assert len(report["top_kernels"][0]["name"]) == len(huge) and candidate["reference_kernel"] == huge
+
+
+def test_contradicted_and_uncredited_trials_are_said_in_terminal_and_html(analysed):
+    """Issue 45, part 4, in the faces: on a real report (GPT-2 training, H200), a prediction its own
+    trial contradicts reads "contradicted" with the measurement, and a trial that saved more than a
+    rule's evidence covers is named as not credited, in the terminal and in the HTML."""
+    from gpudiag.renderers import html
+    from gpudiag.trials import results
+
+    _, report = analysed("gpt2_train_bf16")
+    report = copy.deepcopy(report)
+    first = report["recommendations"][0]
+    first["saving_percent_of_step"] = 40.0
+    first["covers_ns_per_step"] = 1e6
+    from gpudiag.trials.plan import RULE_CHANGES
+
+    change = RULE_CHANGES[first["rule_id"]][0]
+    empty = results._empty({"change": change, "rule_id": first["rule_id"], "predicted_saving_ns": 8e6}, {}, 30.0)
+    trials = [empty | {"status": "inconclusive", "verdict": "inconclusive", "saving_ns": 0.2e6,
+                       "saving_ci_ns": [-0.5e6, 0.9e6], "saving_percent": 1.0, "baseline_step_ns": 20e6}]
+    results.attach(report, trials, [])
+    rec = next(r for r in report["recommendations"] if r["rule_id"] == first["rule_id"])
+    assert rec["trial_contradicts"] is True
+    assert terminal.trial_saving_text(rec, True).startswith(f"contradicted: {change} measured 200")
+    assert "<b>contradicted</b>" in html.render(report)
+    # the same change measured 5 ms for sure (interval 4 to 6 ms) against 1 ms covered: not the rule's
+    trials[0].update(status="measured", verdict="measured", saving_ns=5e6, saving_ci_ns=[4e6, 6e6], saving_percent=25.0)
+    results.attach(report, trials, [])
+    rec = next(r for r in report["recommendations"] if r["rule_id"] == first["rule_id"])
+    assert terminal.trial_saving_text(rec, True).startswith("not credited: ")
+    assert "not credited: " in html.render(report)

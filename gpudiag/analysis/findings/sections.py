@@ -60,9 +60,12 @@ def header(meta: dict, status: dict | None, compiled: dict, device_peaks) -> dic
 
 
 def steps_section(steps: Steps, st: pd.DataFrame, detail_step: int | None, measured: pd.DataFrame,
-                   per_step: list[dict]) -> dict:
-    """report.json's ``steps``: where steps came from, counts, step-time statistics (ns), per step."""
+                   per_step: list[dict], micro_batches: dict | None = None) -> dict:
+    """report.json's ``steps``: where steps came from, counts, micro-batches per step
+    (:func:`gpudiag.analysis.steps.frames.micro_batches`, None when unknown), step-time statistics
+    (ns), per step."""
     return {"source": steps.source, "kind": steps.kind, "count": int(len(st)), "warmup_steps": int(st["warmup"].sum()),
+            "micro_batches": micro_batches,
             "detail_step": detail_step, "measured": len(measured), "outliers": int(st["outlier"].sum()),
             "statistics": outliers.STEADY_STATE_RULE,
             "step_time_ns": step_stats.stats(measured["step_time_ns"].astype(float)),

@@ -36,6 +36,9 @@ class Recommendation:
     throughput_gain: dict | None = None  # GD-BATCH-HEADROOM: batch factor -> samples/s factor
     change_estimates: dict | None = None  # trial change -> its own predicted saving (ns/step), costs included
     graph_floor: dict | None = None  # GD-OVERHEAD-BOUND in a loop of forwards: host_floor.graph_floor_ns's inputs
+    # The time per step (ns) the rule's evidence covers: a change cannot save more of it, so a trial
+    # that saves more is not credited to the rule (gpudiag.trials.ranking.credited); None: the whole step
+    covers_ns_per_step: float | None = None
 
 
 @dataclass

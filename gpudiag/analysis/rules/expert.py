@@ -136,7 +136,9 @@ def channels_last(ctx: "RuleContext") -> "Recommendation | None":
          *top_evidence(pd.concat([layout, bn]), ctx.n_steps)],
         "Convert the model and its inputs to channels-last: `model = model.to(memory_format=torch.channels_last)` and "
         "`x = x.to(memory_format=torch.channels_last)` (PyTorch tutorial \"Channels Last Memory Format\"); then "
-        "`torch.compile(model)` fuses BatchNorm + ReLU (+ the residual add).")
+        "`torch.compile(model)` fuses BatchNorm + ReLU (+ the residual add).",
+        # channels-last also changes the convolutions' own kernels (NHWC tensor-core paths)
+        covers_ns_per_step=_per_step(ctx.km[ctx.km["family"] == "conv"], ctx) + layout_ns + bn_ns)
 
 
 # ---- fp32 under autocast ------------------------------------------------------------------------
@@ -390,7 +392,8 @@ def cudnn_benchmark(ctx: "RuleContext") -> "Recommendation | None":
         [f"torch.backends.cudnn.benchmark = False; {_ms(conv_ns)}/step in cuDNN convolution and layout kernels "
          f"({100 * conv_ns / ctx.step_ns:.0f} % of the step)", *top_evidence(conv, ctx.n_steps)],
         "Set `torch.backends.cudnn.benchmark = True` before the first step when input shapes are fixed (cuDNN times "
-        "its algorithms once per shape; varying shapes re-tune each time).", saving_estimated=False)
+        "its algorithms once per shape; varying shapes re-tune each time).", saving_estimated=False,
+        covers_ns_per_step=conv_ns)
 
 
 # ---- attention ----------------------------------------------------------------------------------------

@@ -150,7 +150,7 @@ def pageable_copies(ctx: RuleContext) -> Recommendation | None:
         [f"{len(pageable) / ctx.n_steps:.1f} pageable copies/step, {pageable['bytes'].sum() / ctx.n_steps / 1e6:.1f} MB/step, "
          f"{ns / 1e6:.2f} ms/step ({pageable['bytes'].sum() / max(pageable['duration_ns'].sum(), 1):.1f} GB/s)"],
         "Allocate host batches in pinned memory (`DataLoader(pin_memory=True)`, `tensor.pin_memory()`) and copy with "
-        "`.to('cuda', non_blocking=True)`.")
+        "`.to('cuda', non_blocking=True)`.", covers_ns_per_step=ns)
 
 
 def input_stall(ctx: RuleContext) -> Recommendation | None:
@@ -168,7 +168,7 @@ def input_stall(ctx: RuleContext) -> Recommendation | None:
         [f"{mean / 1e6:.2f} ms of GPU idle before each step's first kernel (mean over {len(per_step)} steps, median "
          f"{per_step.median() / 1e6:.2f} ms; {100 * mean / ctx.step_ns:.0f} % of the step)"],
         "Load and augment data in worker processes (`DataLoader(num_workers=N, persistent_workers=True, "
-        "prefetch_factor=2)`), pin memory, and move per-sample work off the training loop's thread.")
+        "prefetch_factor=2)`), pin memory, and move per-sample work off the training loop's thread.", covers_ns_per_step=mean)
 
 
 # PyTorch's fused optimizers (``fused=True``) run one multi-tensor kernel per chunk of parameters; its
@@ -215,7 +215,8 @@ def unfused_optimizer(ctx: RuleContext) -> Recommendation | None:
         "GD-UNFUSED-OPTIMIZER", "The optimizer is not fused", saving, estimate,
         [f"{per_step:.0f} optimizer kernels/step, {opt['duration_ns'].sum() / ctx.n_steps / 1e6:.2f} ms/step of GPU time",
          *top_evidence(opt, ctx.n_steps, 2)],
-        "Use the fused implementation: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD).")
+        "Use the fused implementation: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD).",
+        covers_ns_per_step=max(gpu_ns, ctx.phase_host_ns.get("optimizer", 0.0)))
 
 
 def _optimizer_host_saving(ctx: RuleContext, opt: pd.DataFrame) -> float:

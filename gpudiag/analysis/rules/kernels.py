@@ -51,7 +51,8 @@ def fp32_matmul(ctx: RuleContext) -> Recommendation | None:
         [f"{ns / 1e6:.2f} ms/step in compute-bound fp32 GEMM/conv kernels ({100 * ns / ctx.step_ns:.0f} % of the step)"
          + (" (math path read from the kernel names: no op shapes recorded)" if named else ""), *top_evidence(k, ctx.n_steps)],
         "Run the model under bf16 autocast (`with torch.autocast('cuda', dtype=torch.bfloat16):`), or allow TF32 "
-        "(`torch.backends.cuda.matmul.allow_tf32 = True`, `torch.backends.cudnn.allow_tf32 = True`).")
+        "(`torch.backends.cuda.matmul.allow_tf32 = True`, `torch.backends.cudnn.allow_tf32 = True`).",
+        covers_ns_per_step=ns)
 
 
 def _misaligned(op: str, args: str) -> list[str]:
@@ -185,7 +186,7 @@ def unfused_norm(ctx: RuleContext) -> Recommendation | None:
         [f"{len(unfused)} {', '.join(classes)} modules, {unfused['kernels'].sum() / ctx.n_steps / len(unfused):.0f} kernels "
          f"per call, {ns / 1e6:.2f} ms/step of forward kernel time", *top_evidence(k[k["module"].isin(unfused.index)], ctx.n_steps, 2)],
         "Use the fused kernels: `torch.nn.RMSNorm` / `torch.nn.functional.rms_norm`, `torch.nn.LayerNorm`, or "
-        "`torch.compile` on the module.")
+        "`torch.compile` on the module.", covers_ns_per_step=ns)
 
 
 def small_grids(ctx: RuleContext) -> Recommendation | None:
@@ -205,7 +206,7 @@ def small_grids(ctx: RuleContext) -> Recommendation | None:
          f"({sms} SMs)",
          *top_evidence(k, ctx.n_steps)],
         "Batch the work (larger batch, or horizontal fusion of independent small ops), use split-K for skinny GEMMs, "
-        "or pick a kernel with more parallelism.")
+        "or pick a kernel with more parallelism.", covers_ns_per_step=float(k["duration_ns"].sum()) / ctx.n_steps)
 
 
 def _access(args: str, op: str) -> tuple[set, set, set]:

@@ -99,3 +99,21 @@ def measured_api(runtime_api: pd.DataFrame, steps: Steps, measured_ids: set) -> 
     start = api["start_ns"]  # int64 as is (window_index compares slices as floats): no float copy of every call
     return in_measured_steps(api, start.to_numpy() if start.dtype == np.int64 else start.to_numpy(dtype=float),
                              steps.table, measured_ids)
+
+
+def micro_batches(status: dict | None, measured_ids: set) -> dict | None:
+    """What one step holds, from the launcher's counts (:func:`gpudiag.capture.training_steps.
+    micro_batches`), medians over the measured steps that have them: ``per_step`` (k: an optimizer
+    step over k micro-batches, gradient accumulation when k > 1), ``closure_evaluations`` (closures
+    ``optimizer.step(closure)`` ran: Lightning's automatic optimization, LBFGS) and
+    ``optimizer_calls``. None when the status has no counts for the measured steps (an export made
+    without gpudiag, or steps that are not optimizer steps)."""
+    def median_of(key: str) -> float | None:
+        values = [v for k, v in ((status or {}).get(key) or {}).items() if int(k) in measured_ids]
+        return float(np.median(values)) if values else None
+
+    per_step = median_of("micro_batches")
+    if per_step is None:
+        return None
+    return {"per_step": per_step, "closure_evaluations": median_of("closure_calls") or 0.0,
+            "optimizer_calls": median_of("optimizer_calls")}

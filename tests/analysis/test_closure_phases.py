@@ -1,0 +1,122 @@
+"""The attribution's phases of a closure ``optimizer.step(closure)`` ran (issue 45), on the NVTX
+ranges a real instrumented run recorded on CPU (test_run's recording driver): every op of the
+detail step becomes one kernel launched inside its op range, the ranges get timestamps in event
+order, and :func:`gpudiag.analysis.attribution.ranges.attribute` gives each kernel its phase.
+
+The oracle is the launcher's own nesting, replayed by a stack in the test
+(``test_closure_steps.split_by_optimizer``): the optimizer's kernels are the ops run with the
+optimizer range open and outside every closure. The same run with the closure ranges taken out
+(the nesting an export made before them has: the optimizer range open around the whole closure)
+must give the same optimizer kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpudiag import nvtx_names
+from gpudiag.analysis.attribution.ranges import Steps, attribute
+from gpudiag.capture.instrument import CaptureConfig
+
+pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "capture"))
+
+from test_closure_steps import CLOSURE_LOOP, ops_with_open_ranges, run_instrumented, split_by_optimizer  # noqa: E402
+
+OPTIMIZER = nvtx_names.PHASE + "optimizer"
+
+
+def without_closure_ranges(events: list) -> list:
+    """The events as the launcher wrote them before closure ranges: each ``pop (optimizer), push
+    closure`` before a closure and each ``pop (closure), push optimizer`` after it taken out, so
+    the optimizer range stays open around the closure."""
+    out, stack, i = [], [], 0
+    while i < len(events):
+        event, following = events[i], events[i + 1] if i + 1 < len(events) else None
+        if event == ["pop"] and following == ["push", nvtx_names.CLOSURE]:
+            i += 2  # the optimizer range stays open; no closure range
+            continue
+        if event == ["pop"] and stack[-1:] == [nvtx_names.CLOSURE] and following == ["push", OPTIMIZER]:
+            stack.pop()
+            i += 2
+            continue
+        if event[0] == "push":
+            stack.append(event[1])
+        elif event[0] == "pop":
+            stack.pop()
+        out.append(event)
+        i += 1
+    return out
+
+
+def _open(events: list) -> list[str]:
+    stack: list[str] = []
+    for event in events:
+        if event[0] == "push":
+            stack.append(event[1])
+        elif event[0] == "pop":
+            stack.pop()
+    return stack
+
+
+def frames(events: list) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
+    """(kernels, runtime_api, nvtx, op names): event i happens at 10·i ns on one thread; each op
+    range launches one kernel 1 ns after it opens."""
+    stack, ranges, ops = [], [], []
+    for i, event in enumerate(events):
+        t = 10 * i
+        if event[0] == "push":
+            stack.append((event[1], t))
+            if event[1].startswith(nvtx_names.OP):
+                ops.append((json.loads(event[1][len(nvtx_names.OP):])["op"], t + 1))
+        elif event[0] == "pop":
+            text, start = stack.pop()
+            ranges.append((text, start, t))
+    nvtx = pd.DataFrame(ranges, columns=["text", "start_ns", "end_ns"]).assign(global_tid=7)
+    n = len(ops)
+    kernels = pd.DataFrame({"kernel_id": np.arange(n), "global_pid": 0, "correlation_id": np.arange(n)})
+    api = pd.DataFrame({"global_pid": 0, "correlation_id": np.arange(n), "start_ns": [t for _, t in ops],
+                        "end_ns": [t + 1 for _, t in ops], "global_tid": 7, "name": "cudaLaunchKernel"})
+    return kernels, api, nvtx, [op for op, _ in ops]
+
+
+def optimizer_ops(events: list) -> set[str]:
+    kernels, api, nvtx, names = frames(events)
+    whole = Steps(pd.DataFrame({"step": [0], "start_ns": [0], "end_ns": [10 * len(events)]}), "test", "gpudiag")
+    phases = attribute(kernels, api, nvtx, whole)["phase"].astype(str).to_numpy()
+    return {op for op, phase in zip(names, phases) if phase == "optimizer"}
+
+
+@pytest.fixture(scope="module")
+def closure_events(tmp_path_factory):
+    events, _ = run_instrumented(tmp_path_factory.mktemp("closure"), CLOSURE_LOOP.replace("CALL", "closure"),
+                                 CaptureConfig(warmup_steps=1, detail_step=2))
+    return events
+
+
+def test_the_optimizer_phase_holds_only_the_update(closure_events):
+    in_optimizer, in_closure = split_by_optimizer(closure_events)
+    assert optimizer_ops(closure_events) == in_optimizer - in_closure
+    assert "aten::addmm" not in optimizer_ops(closure_events)
+
+
+def test_an_export_without_closure_ranges_reads_the_same(closure_events):
+    old = without_closure_ranges(closure_events)
+    assert nvtx_names.CLOSURE not in {e[1] for e in old if e[0] == "push"}
+    assert _open(old) == []
+    in_optimizer, in_closure = split_by_optimizer(closure_events)
+    # the old nesting puts the closure's forward and backward inside the optimizer range ...
+    old_optimizer, _ = split_by_optimizer(old)
+    assert {"aten::addmm", "aten::mm"} <= old_optimizer
+    # ... and the attribution still gives the optimizer only its update, except the closure's ops
+    # outside every module and backward() (the loss, gpudiag's copy of it), which nothing places
+    unplaced = {op for op, open_ in ops_with_open_ranges(closure_events) if nvtx_names.CLOSURE in open_
+                and not any(r.startswith(nvtx_names.MODULE) or r == nvtx_names.PHASE + "backward" for r in open_)}
+    assert optimizer_ops(old) - unplaced == (in_optimizer - in_closure) - unplaced
+    assert not optimizer_ops(old) & {"aten::addmm", "aten::mm", "aten::gelu", "aten::gelu_backward"}
