@@ -146,6 +146,7 @@ def run_trials(job, status: dict, feedback: Feedback) -> None:
     """Choose and run the trials, then rewrite report.json / report.html with them."""
     from gpudiag.app.report import write_reports
     from gpudiag.trials import plan, results, runner
+    from gpudiag.trials.framework_changes import name_switches
 
     report_path = job.run_dir / "report.json"
     if not report_path.exists():
@@ -171,6 +172,7 @@ def run_trials(job, status: dict, feedback: Feedback) -> None:
                                    job.try_budget_s, echo=feedback.echo)
         results.attach(report, trials, left)
         feedback.show_trials(report)
+    name_switches(report, profiled)  # a GD-MEASURED win names its framework's switch too
     write_reports(report, job.run_dir)
     # kept with the run, so that 'gpudiag report RUN_DIR' shows them again
     status.update(trials=report["trials"], trials_left_out=report["trials_left_out"])

@@ -72,6 +72,9 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
             from gpudiag.trials.results import attach
 
             attach(result, status["trials"], status.get("trials_left_out") or [])
+        from gpudiag.trials.framework_changes import name_switches
+
+        name_switches(result, status)  # the advice names the switch of the script's framework (Lightning, HF, ...)
         if notes is not None:
             from gpudiag.app.ranks import engine_note
 

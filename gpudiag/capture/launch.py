@@ -95,7 +95,7 @@ def _instrument_children(config_json: str, status_path: str, module: str | None)
 def _finish_status(status: dict, config, code: int, ranks_dir: str | None, path: str, change=None) -> None:
     """Close the capture and write the status (exit code, steps, trials, ranks) to ``path``.
     ``change``: the trial's change installed in this process (a ``trial_changes.Change``), or None."""
-    from gpudiag.capture import inductor_provenance, instrument
+    from gpudiag.capture import frameworks, inductor_provenance, instrument
 
     try:
         import torch
@@ -109,6 +109,7 @@ def _finish_status(status: dict, config, code: int, ranks_dir: str | None, path:
     status.update(instrument.finish())
     if config.module_ranges:
         status["inductor_provenance"] = inductor_provenance.collect()
+    status["frameworks"] = frameworks.summary()  # which framework owns precision, compile, the optimizer
     if change is not None:
         status["trial"] = change.summary()
     if ranks_dir:
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
 
-    from gpudiag.capture import inductor_provenance, instrument, trial_changes
+    from gpudiag.capture import frameworks, inductor_provenance, instrument, trial_changes
 
     config = instrument.CaptureConfig.from_json(ns.config)
     path = module_file(ns.script) if ns.module else ns.script
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         status.update(exit_code=2, exception=f"ValueError: {exc}")
         _write_status(ns.status, status)
         return 2
+    frameworks.install()  # counts Trainer/Accelerator/DataLoader constructions, for the advice
     change = None
     if config.trial:  # a trial run: the change is applied here, in the user's process, before the script runs
         change = trial_changes.install(config, state)  # registered by config.change_modules (trial_changes)

@@ -29,9 +29,11 @@ import weakref
 
 from gpudiag.capture import model_modules, trial_changes
 from gpudiag.capture.config import CaptureConfig
+from gpudiag.trials import framework_changes, loader_changes
 
 CHANGES = ("compile", "compile-graphs", "fused-optimizer", "channels-last", "tf32", "bf16-autocast",
-           "cudnn-benchmark", "kernels", "half-weights", "static-cache", "static-cache-compile")
+           "cudnn-benchmark", "kernels", "half-weights", "static-cache", "static-cache-compile",
+           *loader_changes.LOADER_CHANGES)
 # Changes for inference only: half weights would break an optimizer's fp32 master weights, and a
 # static KV cache exists only in Hugging Face generate().
 INFERENCE_CHANGES = ("half-weights", "static-cache", "static-cache-compile")
@@ -58,6 +60,7 @@ _NOTHING_FOUND = {
     "half-weights": "no root module with floating-point weights was called",
     "static-cache": "no Hugging Face model with a generation_config was called",
     "static-cache-compile": "no Hugging Face model with a generation_config was called",
+    **loader_changes.NOTHING_FOUND,
 }
 
 
@@ -79,6 +82,8 @@ def install(change: str, state) -> None:
         _applied("torch.backends.cudnn.benchmark = True")
     elif change == "fused-optimizer":
         _patch_optimizers(torch)
+    elif change in loader_changes.LOADER_CHANGES:
+        loader_changes.install(change, APPLIED)
     else:
         _on_roots(state, _ROOT_CHANGES[change])
         if change == "compile-graphs":
@@ -88,6 +93,8 @@ def install(change: str, state) -> None:
             APPLIED["form"] = ("torch.compile(mode='reduce-overhead') of the root modules, "
                                "torch.compiler.cudagraph_mark_step_begin() at each step; the optimizer stays "
                                "outside the graphs (one torch.cuda.graph of the whole step needs the script edited)")
+    # where a framework owns the setting (Lightning, HF TrainingArguments, Accelerate), its own switch
+    framework_changes.install(change, APPLIED)
 
 
 def _applied(what: str) -> None:
@@ -117,8 +124,11 @@ def _patch_optimizers(torch) -> None:
 
 def _fused_init(cls, original, has_fused: bool):
     def __init__(self, params, *args, **kwargs):
-        # fused and foreach are keyword-only in torch.optim; a subclass's own __init__ is left alone
-        if type(self) is cls and kwargs.get("fused") is None and kwargs.get("foreach") is None:
+        # fused and foreach are keyword-only in torch.optim; a subclass's own __init__ is left alone;
+        # an optimizer the framework builds after its own switch (HF optim=...) is the framework's
+        if framework_changes.owned(APPLIED):
+            pass
+        elif type(self) is cls and kwargs.get("fused") is None and kwargs.get("foreach") is None:
             params = list(params)  # a generator would be spent by the check below
             if has_fused and _all_cuda_float(params):
                 kwargs["fused"] = True
@@ -272,7 +282,8 @@ def _on_roots(state, apply) -> None:
         if depth == 0 and module not in seen and not isinstance(module, torch.fx.GraphModule) \
                 and model_modules.owned() and model_modules.is_model(module):
             seen.add(module)
-            apply(module)
+            if not framework_changes.owned(APPLIED):  # the framework's switch made this change instead
+                apply(module)
 
     def post(_module, _args, _output):
         if not torch.compiler.is_compiling():

@@ -7,6 +7,8 @@ compile, which fuses some). A change is tried once, for its largest predicted sa
 
 from __future__ import annotations
 
+from gpudiag.trials import loader_changes
+
 RULE_CHANGES = {
     "GD-OVERHEAD-BOUND": ("compile-graphs", "compile"),
     "GD-TORCH-COMPILE": ("compile",),
@@ -18,6 +20,8 @@ RULE_CHANGES = {
     "GD-SMALL-GRID": ("compile-graphs",),
     "GD-HALF-WEIGHTS": ("half-weights", "tf32", "bf16-autocast"),
     "GD-STATIC-KV-CACHE": ("static-cache-compile", "static-cache"),
+    "GD-INPUT-STALL": ("loader-workers",),
+    "GD-PAGEABLE-COPY": ("pin-memory",),
 }
 
 # Model classes gpudiag.fused has fused kernels for (hf.apply, timm_swin.apply), as the report's
@@ -33,8 +37,8 @@ TOTAL_COUNT = 6
 # The generic changes in the order they are tried: the cheapest to run and most often large first
 # (TF32 and bf16 speed fp32 GEMMs several-fold on tensor cores; compile fuses elementwise work),
 # then the narrower ones (gpudiag's order).
-GENERIC_ORDER = ("tf32", "compile", "bf16-autocast", "half-weights", "compile-graphs", "fused-optimizer",
-                 "cudnn-benchmark", "channels-last", "static-cache")
+GENERIC_ORDER = ("tf32", "compile", "bf16-autocast", "half-weights", "compile-graphs", "loader-workers",
+                 "fused-optimizer", "cudnn-benchmark", "channels-last", "static-cache")
 # Share of the step in fp32 GEMMs/convolutions (or in convolutions) from which tf32, bf16 and half
 # weights (or channels-last, cudnn-benchmark) are worth a trial: a change cannot save more than the
 # time it acts on, and a saving under 5 % of the step is below the run-to-run spread of most
@@ -87,6 +91,8 @@ def blocked(change: str, report: dict, status: dict) -> str | None:
         return "a training run: bf16 weights would drop the optimizer's fp32 master weights (use bf16-autocast)"
     if change.startswith("static-cache") and (inference or {}).get("step_mode") != "generate":
         return "no generate() steps: a static KV cache is a generate() setting"
+    if change in loader_changes.LOADER_CHANGES:
+        return loader_changes.why_not(change, status.get("frameworks"))
     return None
 
 
@@ -132,7 +138,9 @@ def generic_changes(report: dict) -> list[tuple[str, str]]:
     take at least :data:`MIN_SHARE` of the step, with bf16-autocast (training) or half-weights
     (inference); fused-optimizer where an ``optimizer.step()`` ran; channels-last and
     cudnn-benchmark where convolutions take that share; static-cache where steps are generate()
-    calls. Whether each is blocked for this script is :func:`blocked`'s to say."""
+    calls; loader-workers where the GPU idles before the steps' first kernels (what GD-INPUT-STALL
+    measures, without its 10 %) for that share and the script built a DataLoader. Whether each is
+    blocked for this script is :func:`blocked`'s to say."""
     step = _step_ns(report)
     fp32 = fp32_contraction_ns(report)
     conv = float((report.get("families_ns_per_step") or {}).get("conv") or 0.0)
@@ -148,6 +156,11 @@ def generic_changes(report: dict) -> list[tuple[str, str]]:
         why.update({"channels-last": share, "cudnn-benchmark": share})
     if (report.get("inference") or {}).get("step_mode") == "generate":
         why["static-cache"] = "the steps are generate() calls"
+    stall = float((report.get("idle") or {}).get("step_start_idle_ns_per_step") or 0.0)
+    loaders = (((report.get("script") or {}).get("frameworks") or {}).get("dataloaders") or {}).get("built")
+    if step and stall >= MIN_SHARE * step and loaders:
+        why["loader-workers"] = (f"the GPU waits {100 * stall / step:.0f} % of the step for input before the step's "
+                                 "first kernel, and the script builds a DataLoader")
     return [(c, why[c]) for c in GENERIC_ORDER if c in why]
 
 
