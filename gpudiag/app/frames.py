@@ -117,6 +117,7 @@ RECOMMENDATIONS = _cols(
     ("measured_saving_percent", FLOAT, "the same, of the step"),
     ("covers_ns_per_step", FLOAT, "the time per step the rule's evidence covers (a trial saving more is not its)"),
     ("trial_contradicts", BOOL, "predicted over 20 % of the step, its trial measured under 5 %"),
+    ("framework_switch", STR, "the framework's own switch for the change (Lightning, HF TrainingArguments, Accelerate)"),
     ("trial_not_credited", STR, "a trial of its change saved more than its evidence covers: shown on its own line"),
 )
 

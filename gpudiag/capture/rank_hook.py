@@ -101,12 +101,13 @@ def _script_source() -> str:
 def install_from_environment() -> None:
     """In a worker: install the instrumentation with the launcher's config and write this rank's
     status at exit. Raises ValueError for a bad config (the hook reports it and runs on)."""
-    from gpudiag.capture import instrument, trial_changes
+    from gpudiag.capture import frameworks, instrument, trial_changes
 
     config = instrument.CaptureConfig.from_json(os.environ.pop(ENV_CONFIG))
     status_dir = os.environ.pop(ENV_STATUS_DIR, None)
     os.environ.pop(ENV_EVERY_CHILD, None)
     state = instrument.install(config, _script_source())
+    frameworks.install()  # which framework owns precision, compile, the optimizer (as the launcher's own)
     change = None
     if config.trial:  # a trial run under a launcher: the change acts in each rank, where the model is
         change = trial_changes.install(config, state)  # registered by config.change_modules (trial_changes)
@@ -124,6 +125,7 @@ def install_from_environment() -> None:
         if os.getpid() != status["pid"]:  # a child forked from the rank that exits through atexit: not a rank
             return
         status.update(instrument.finish())
+        status["frameworks"] = frameworks.summary()
         if change is not None:
             status["trial"] = change.summary()
         status["ended_unix_s"] = time.time()

@@ -30,6 +30,8 @@ rule ``GD-MEASURED``, ranked by its measured saving, with ``predicted`` False an
 
 from __future__ import annotations
 
+from gpudiag.trials import loader_changes
+
 MEASURED_RULE = "GD-MEASURED"
 # A prediction of more than 20 % of the step that its own trial measures under 5 % is contradicted
 # (issue 45's threshold: the Lightning ResNet-50's fused-optimizer advice, predicted 59 %, measured +1.6 %).
@@ -53,6 +55,7 @@ HOW_TO = {
     "static-cache": "Use a static KV cache: `model.generation_config.cache_implementation = \"static\"`.",
     "static-cache-compile": "Use a static KV cache and let generate() compile the decoding step: "
                             "`model.generation_config.cache_implementation = \"static\"`.",
+    **loader_changes.HOW_TO,
 }
 
 
