@@ -168,9 +168,10 @@ def run_trials(job, status: dict, feedback: Feedback) -> None:
         feedback.echo("[try] no recommendation gpudiag can apply itself; --try CHANGE,... picks changes")
         results.attach(report, [], left)
     else:
-        trials = runner.run_trials(job.script, job.script_args, job.run_dir, job.config, chosen, profiled,
-                                   job.try_budget_s, echo=feedback.echo)
+        trials, account = runner.run_session(job.script, job.script_args, job.run_dir, job.config, chosen, profiled,
+                                             job.try_budget_s, echo=feedback.echo)
         results.attach(report, trials, left)
+        report["trials_budget"] = account  # what the --try-budget bought (runner.budget_account)
         feedback.show_trials(report)
     name_switches(report, profiled)  # a GD-MEASURED win names its framework's switch too
     write_reports(report, job.run_dir)

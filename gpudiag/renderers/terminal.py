@@ -168,10 +168,31 @@ def trial_reason_text(trial: dict) -> str | None:
     return "; ".join(parts) or None
 
 
+def budget_text(account: dict) -> str:
+    """The trials' budget account (gpudiag.trials.runner.budget_account) in one line: seconds used
+    of the budget, the runs made by kind, the planned runs not made and why, the changes decided
+    early and those the budget left out."""
+    runs = account.get("runs") or {}
+    settle = runs.get("settle", 0)
+    made = [f"{settle} settling ({'counted as a baseline' if account.get('settle_counted') else 'not counted'})"
+            if settle else None, f"{runs.get('baseline', 0)} baseline", f"{runs.get('trial', 0)} trial"]
+    not_run = account.get("not_run") or {}
+    skipped = (f"{sum(not_run.values())} planned not made ({'; '.join(f'{n}: {why}' for why, n in not_run.items())})"
+               if not_run else "every planned run made")
+    early = ", ".join(f"{d['change']} ({d['decision']})" for d in account.get("decided_early") or []) or "none"
+    left = ", ".join(account.get("left_out_for_budget") or []) or "none"
+    cut = account.get("stopped_by_budget") or 0
+    return (f"trials budget: {account.get('used_s', 0):.0f} s of {account.get('budget_s', 0):.0f} s used; "
+            f"runs: {', '.join(m for m in made if m)}; {skipped}"
+            + (f"; {cut} stopped by the budget" if cut else "")
+            + f"; decided early: {early}; left out for the budget: {left}")
+
+
 def render_trials(result: dict, console: Console | None = None) -> None:
     """The trials: change, status and why, baseline and trial step times, the saving with its 95 %
     interval and p-value, the one-time cost and its payback, the predicted saving; then the note
-    on the baseline runs and the recommendations ranked by conclusive measured savings."""
+    on the baseline runs, what the budget bought (:func:`budget_text`, when the report has
+    ``trials_budget``) and the recommendations ranked by conclusive measured savings."""
     console = console or Console()
     trials = result.get("trials") or []
     if not trials:
@@ -199,6 +220,8 @@ def render_trials(result: dict, console: Console | None = None) -> None:
     note = next((t["baseline_note"] for t in trials if t.get("baseline_note")), None)
     if note:
         console.print(Text(f"baselines: {note}"), highlight=False)
+    if result.get("trials_budget"):
+        console.print(Text(budget_text(result["trials_budget"])), highlight=False)
     render_recommendations(result, console, "recommendations (by conclusive measured saving where a trial ran, "
                                             "else predicted)")
 

@@ -22,6 +22,10 @@ baselines, run interleaved with the trials: :mod:`gpudiag.trials.runner`) and fo
 Verdict (:func:`verdict`): "measured" when the interval excludes zero and the baselines' spread is
 smaller than the saving's size; else "inconclusive", with the reason. A slowdown that meets both is
 "measured" too (a negative saving).
+
+Early decision (:func:`early_decision`): whether runs still planned for a change (its repeat, the
+baseline after it) can be left out. The verdict is always computed from the runs that were made;
+this only says when more runs cannot make, or are very unlikely to unmake, a measured win.
 """
 
 from __future__ import annotations
@@ -33,6 +37,19 @@ CONFIDENCE = 0.95
 # percentile interval, against 25-200 for a standard error; 2000 take a few ms per trial.
 RESAMPLES = 2000
 SEED = 0  # a fixed seed: the same statuses give the same interval in every report
+# The early look's interval (:func:`early_decision`): stricter than the verdict's 95 %, as group
+# sequential designs spend little of the error rate on an early look (O'Brien & Fleming 1979,
+# Biometrics 35:549-556; Jennison & Turnbull 2000, *Group Sequential Methods*, ch. 2).
+EARLY_CONFIDENCE = 0.99
+# Baseline runs before a win may be decided early: issue 34's server ran 10.9 and 11.9 ms in two
+# baselines and 6.57 ms in the third; from the first two, its 6.58 ms trial looked a clear win.
+MIN_BASELINES_FOR_WIN = 3
+MIN_BASELINES_TO_STOP = 2  # a "no win" needs a spread to be told (one run: "spread unknown")
+# Baseline runs before a change's own next run may be left out, whatever the decision: the "no win"
+# proof covers baselines to come, not the change's next process, and a change's speed can move
+# between its processes (bf16 autocast on ConvNeXt: 26 to 16.5 ms over five, docs/trials_proof.md,
+# note 4). A lone change (A B A B A) is therefore always run twice.
+MIN_BASELINES_FOR_REPEAT = 3
 
 
 def pooled_median(runs: list[list[float]]) -> float:
@@ -143,3 +160,30 @@ def payback(cost_s: float | None, saving_ns: float, decided: str) -> float | Non
     if cost_s is None or decided != "measured" or saving_ns <= 0:
         return None
     return max(cost_s, 0.0) / (saving_ns / 1e9)
+
+
+def early_decision(baselines: list[list[float]], trials: list[list[float]]) -> str | None:
+    """"no win", "win" or None (undecided), from the runs so far (lists of step times, ns).
+
+    - "no win" (from :data:`MIN_BASELINES_TO_STOP` baseline runs): the change's pooled median is
+      at or above the fastest baseline run's median ``lo``. No baseline run to come can then make
+      it a measured win: a pooled median lies within its runs' medians [lo', hi'] (each run has
+      at most half its steps above its own median), so saving' = M' − T ≤ hi' − lo' = spread'
+      whenever T ≥ lo ≥ lo'. Slowdowns are all here.
+    - "win" (from :data:`MIN_BASELINES_FOR_WIN` baseline runs): the :data:`EARLY_CONFIDENCE`
+      interval's low end exceeds (M − lo) + 3 × spread, M the pooled baseline median. A next
+      baseline up to one spread beyond the range so far could pull M down by at most
+      (M − lo) + spread and double the spread; the interval would still clear it (gpudiag's margin,
+      from this bound). A baseline further out than that (issue 34) is what the three runs guard
+      against; the verdict of the runs made still decides.
+    """
+    medians = run_medians(baselines)
+    if len(medians) < MIN_BASELINES_TO_STOP or not any(trials):
+        return None
+    lo, width = min(medians), max(medians) - min(medians)
+    if pooled_median(trials) >= lo:
+        return "no win"
+    if len(medians) < MIN_BASELINES_FOR_WIN:
+        return None
+    low, _ = bootstrap_interval(baselines, trials, confidence=EARLY_CONFIDENCE)
+    return "win" if low > (pooled_median(baselines) - lo) + 3.0 * width else None

@@ -218,7 +218,10 @@ def test_runs_are_interleaved_with_the_baseline_under_one_config(tmp_path, fake_
     # one progress line per run, then the note on the baselines
     assert [ln.split(":")[0] for ln in lines[1:]] == ["[try] settling run (not counted)", "[try] baseline",
                                                      "[try 1/2] compile", "[try] baseline", "[try 2/2] tf32",
-                                                     "[try] baseline", "[try] 3 baseline runs interleaved with the trials"]
+                                                     "[try] baseline", "[try] 3 baseline runs interleaved with the trials",
+                                                     "[try] trials budget"]
+    # two changes: a win needs three baselines before it is decided, so the last baseline ran
+    assert "120 s of 300 s used" in lines[-1] and "every planned run made" in lines[-1]
 
 
 def test_a_lone_trial_runs_twice_between_three_baselines(tmp_path, fake_runs):
@@ -231,7 +234,8 @@ def test_a_lone_trial_runs_twice_between_three_baselines(tmp_path, fake_runs):
 def test_a_failed_trial_is_not_run_again(tmp_path, fake_runs):
     fake = fake_runs({None: 10.0}, fail=("compile",))
     (record,), _ = _run(tmp_path, ["compile"])
-    assert [c["change"] for c in fake.calls] == [None, None, "compile", None]
+    # nor is a baseline run after it: nothing was measured since the one before it
+    assert [c["change"] for c in fake.calls] == [None, None, "compile"]
     assert record["status"] == "failed" and record["error"] == "RuntimeError: boom"
 
 
