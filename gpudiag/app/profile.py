@@ -20,6 +20,7 @@ from gpudiag.capture import nsys
 from gpudiag.capture.instrument import CaptureConfig, detect_step_mode
 from gpudiag.capture.run import STATUS_NAME, CaptureError, capture, capture_bare, capture_ncu, mark_interrupted
 from gpudiag.errors import UserError
+from gpudiag.trials.budget import DEFAULT_BUDGET_S
 
 
 @dataclass
@@ -51,7 +52,7 @@ class ProfileRequest:
     steps: int = 20
     run_to_end: bool = False
     try_changes: str = "auto"
-    try_budget_s: float = 300.0
+    try_budget_s: float = DEFAULT_BUDGET_S
     verify: bool = False
     steps_from: str | None = None
     warmup_steps: int | None = None
@@ -74,7 +75,7 @@ class Job:
     ncu_max_kernels: int
     verify: bool
     asked_changes: list[str] | None = None  # --try: None chooses from the report, [] tries nothing
-    try_budget_s: float = 300.0
+    try_budget_s: float = DEFAULT_BUDGET_S
 
 
 def _capture_and_report(job: Job, stage: StageTracker, feedback: Feedback) -> int:

@@ -176,7 +176,8 @@ def run_trials(job, status: dict, feedback: Feedback) -> None:
     name_switches(report, profiled)  # a GD-MEASURED win names its framework's switch too
     write_reports(report, job.run_dir)
     # kept with the run, so that 'gpudiag report RUN_DIR' shows them again
-    status.update(trials=report["trials"], trials_left_out=report["trials_left_out"])
+    status.update(trials=report["trials"], trials_left_out=report["trials_left_out"],
+                  **({"trials_budget": report["trials_budget"]} if report.get("trials_budget") else {}))
     (job.run_dir / STATUS_NAME).write_text(json.dumps(status, indent=1))
 
 

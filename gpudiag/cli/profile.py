@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from gpudiag.app.options import AnalysisOptions
-from gpudiag.app.profile import ProfileRequest
+from gpudiag.app.profile import DEFAULT_BUDGET_S, ProfileRequest
 from gpudiag.app.profile import profile as profile_workflow
 from gpudiag.app.progress import Feedback
 from gpudiag.cli.options import analysis_options
@@ -60,11 +60,13 @@ def terminal_feedback() -> Feedback:
               help="Changes to apply and measure bare after the analysis (trials), interleaved with runs of the "
                    "unchanged script: auto picks up to three from the recommendations, then changes no rule "
                    "predicted that apply to the run, six in all; or a list of compile, compile-graphs, "
-                   "fused-optimizer, channels-last, tf32, bf16-autocast, cudnn-benchmark, kernels, half-weights, static-cache, static-cache-compile, ending "
+                   "fused-optimizer, channels-last, tf32, bf16-autocast, cudnn-benchmark, kernels, loader-workers, pin-memory, "
+                   "half-weights, static-cache, static-cache-compile, ending "
                    "optionally with args:ARGS (the script with other "
                    "arguments, compared per sample).")
-@click.option("--try-budget", type=click.FloatRange(min=1), default=300, show_default=True,
-              help="Seconds all trials together may take (the baseline runs interleaved with them included).")
+@click.option("--try-budget", type=click.FloatRange(min=1), default=DEFAULT_BUDGET_S, show_default=True,
+              help="Seconds all trials together may take (the baseline runs interleaved with them included); the "
+                   "largest predicted changes run first, and the report says what the budget bought.")
 @click.option("--verify", is_flag=True, help="Time the reference kernel of each top fusion candidate at the recorded "
               "shapes on this GPU (eager vs fused vs torch.compile, outputs checked) and show it in the report.")
 @analysis_options

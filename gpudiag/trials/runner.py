@@ -49,14 +49,14 @@ from pathlib import Path
 from gpudiag.analysis.steps.representative import STEP_KEYS
 from gpudiag.capture.config import CaptureConfig
 from gpudiag.capture.run import run_bare
-from gpudiag.trials import changes, results, stats
+from gpudiag.trials import budget, changes, results, stats
 
 TRIAL_WINDOW_STEPS = 10  # measured steps per trial: "warm-up plus a few measured steps"
 # Warm-up steps for compiled changes: step 0 runs eager (the root is compiled at its first call),
 # step 1 compiles, and CUDA graph trees record on a later call before they replay
 # (torch.compile's cudagraph_trees: warm-up run, record, then replay).
 COMPILE_WARMUP_STEPS = 4
-DEFAULT_BUDGET_S = 300.0
+DEFAULT_BUDGET_S = budget.DEFAULT_BUDGET_S
 SETTLE_RUN = True  # a first run of the unchanged script, counted only when not slow (module docstring)
 # How much slower than the bare run before the capture (same steps, same timing) the settling run may
 # be and still count as a baseline. tests/fixtures/trials, the first run after the capture against
