@@ -123,7 +123,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters.update(ns=units.fmt_ns, pct=units.fmt_pct, num=units.fmt_num, bytes=units.fmt_bytes, code=code_spans,
                        evidence=evidence_text, chain=chain_summary, overlap_pairs=overlap_pairs,
-                       short=lambda label: shorten(label, SUMMARY_WIDTH))
+                       short=lambda label: shorten(label, SUMMARY_WIDTH), budget=units.budget_text)
     return env
 
 

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpudiag.renderers.labels import shorten, with_distinct_labels
-from gpudiag.renderers.units import fmt_ns, fmt_pct
+from gpudiag.renderers.units import budget_text, fmt_ns, fmt_pct
 
 FUSION_TOP = 3  # a summary: the HTML report lists all ten candidates
 # A kernel name or chain is shown in at most this many characters, cut in the middle (report.json
@@ -166,26 +166,6 @@ def trial_reason_text(trial: dict) -> str | None:
     if trial.get("baseline_after") is False:
         parts.append(f"compared with {trial.get('compared_with')}")
     return "; ".join(parts) or None
-
-
-def budget_text(account: dict) -> str:
-    """The trials' budget account (gpudiag.trials.runner.budget_account) in one line: seconds used
-    of the budget, the runs made by kind, the planned runs not made and why, the changes decided
-    early and those the budget left out."""
-    runs = account.get("runs") or {}
-    settle = runs.get("settle", 0)
-    made = [f"{settle} settling ({'counted as a baseline' if account.get('settle_counted') else 'not counted'})"
-            if settle else None, f"{runs.get('baseline', 0)} baseline", f"{runs.get('trial', 0)} trial"]
-    not_run = account.get("not_run") or {}
-    skipped = (f"{sum(not_run.values())} planned not made ({'; '.join(f'{n}: {why}' for why, n in not_run.items())})"
-               if not_run else "every planned run made")
-    early = ", ".join(f"{d['change']} ({d['decision']})" for d in account.get("decided_early") or []) or "none"
-    left = ", ".join(account.get("left_out_for_budget") or []) or "none"
-    cut = account.get("stopped_by_budget") or 0
-    return (f"trials budget: {account.get('used_s', 0):.0f} s of {account.get('budget_s', 0):.0f} s used; "
-            f"runs: {', '.join(m for m in made if m)}; {skipped}"
-            + (f"; {cut} stopped by the budget" if cut else "")
-            + f"; decided early: {early}; left out for the budget: {left}")
 
 
 def render_trials(result: dict, console: Console | None = None) -> None:

@@ -394,7 +394,7 @@ def run_session(script: Path | str, script_args: list[str], run_dir: Path, confi
 
 
 def _echo_account(echo, account: dict) -> None:
-    from gpudiag.renderers.terminal import budget_text
+    from gpudiag.renderers.units import budget_text
 
     echo(f"[try] {budget_text(account)}")
 
