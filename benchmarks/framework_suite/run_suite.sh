@@ -24,7 +24,7 @@
 #   $GPUDIAG profile -o $RUNS_DIR/NAME --force $PROFILE_OPTS SCRIPT -- ARGS
 # (PROFILE_OPTS empty: gpudiag's defaults: bare run, 2 warm-up + 20-step window, analysis, then
 # --try auto within --try-budget 300 s). One failing or hanging script never stops the others:
-# each gets FW_TIMEOUT seconds (default 480), cut to what is left of PART_DEADLINE (default 570 s
+# each gets FW_TIMEOUT seconds (default 480), cut to what is left of PART_DEADLINE (default 540 s
 # from the part's start, data making included); a script is not started with less than FW_MIN_START
 # seconds left (default 150): it is recorded as skipped, to run by name in the next call.
 #
@@ -52,7 +52,7 @@ RUNS_DIR=${RUNS_DIR:-${TMPDIR:-/tmp}/gpudiag-fw-runs}
 DATA_DIR=${DATA_DIR:-$RUNS_DIR/data}
 FW_TIMEOUT=${FW_TIMEOUT:-480}
 FW_MIN_START=${FW_MIN_START:-150}
-PART_DEADLINE=${PART_DEADLINE:-570}
+PART_DEADLINE=${PART_DEADLINE:-540}
 FW_CPU=${FW_CPU:-0}
 # NVLink multicast stays off on the shared hosts (KINDS.md); output unbuffered so logs are complete;
 # no network there: the Hugging Face libraries read only local files and caches
