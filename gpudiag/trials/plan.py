@@ -46,6 +46,11 @@ GENERIC_ORDER = ("tf32", "compile", "bf16-autocast", "half-weights", "compile-gr
 # host-bound server, docs/inference.md). gpudiag's choice.
 MIN_SHARE = 0.05
 CONTRACTIONS = ("gemm", "conv")
+# Changes that compile before their first measured step: they run after the others, so that one
+# compile does not spend the --try-budget of every change (a ResNet-50 under Lightning on the H200,
+# 2026-11-28: its compile trial took 100 s of the 135 s budget and the five changes after it never
+# ran; docs/framework_suite.md).
+COMPILING = ("compile", "compile-graphs", "static-cache-compile")
 
 
 def parse_try(value: str) -> list[str] | None:
@@ -169,7 +174,7 @@ def choose(report: dict, status: dict, asked: list[str] | None, count: int = DEF
     """(to try, left out). ``asked``: the user's ``--try`` list (tried in that order, none
     blocked, origin "asked"), or None: the ``count`` applicable changes with the largest predicted
     savings (origin "predicted"), then generic ones (:func:`generic_changes`, origin "generic")
-    up to ``total`` in all. Each entry: change, predicted_saving_ns (None when no rule predicted
+    up to ``total`` in all, run in that order except that the :data:`COMPILING` changes come last. Each entry: change, predicted_saving_ns (None when no rule predicted
     one), rule_id (None likewise), origin; generic entries also ``why``; left-out entries
     ``reason``. A blocked generic change is not listed: nothing suggested it."""
     predicted = predictions(report)
@@ -197,4 +202,5 @@ def choose(report: dict, status: dict, asked: list[str] | None, count: int = DEF
             chosen.append(entry)
         else:
             left.append(entry | {"reason": f"beyond the {total} trials in all (--try picks changes)"})
+    chosen.sort(key=lambda e: e["change"] in COMPILING)  # stable: the order within each part stays
     return chosen, left

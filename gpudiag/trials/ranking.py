@@ -139,9 +139,11 @@ def trial_fields(trial: dict) -> dict:
 
 
 def unpredicted_win(trial: dict, credited_to: list[str]) -> dict | None:
-    """The ``GD-MEASURED`` recommendation of a conclusive saving no recommendation was credited
-    with (``credited_to``: the rule ids it speaks for, :func:`best_for`). None for any other
-    trial, and for ``args:`` trials (the user's own arguments, not a change)."""
+    """The ``GD-MEASURED`` recommendation of a conclusive saving no recommendation could be
+    credited with (``credited_to``: the rule ids :func:`credited` lets it speak for, whether or
+    not another of their trials was chosen: tf32 and bf16-autocast both act on GD-FP32-MATMUL,
+    and the one not shown there is not a win no rule saw). None for any other trial, and for
+    ``args:`` trials (the user's own arguments, not a change)."""
     if (credited_to or trial["change"].startswith("args:")
             or not conclusive(trial) or trial.get("status") != "measured" or trial["saving_ns"] <= 0):
         return None
@@ -171,14 +173,13 @@ def attach(report: dict, trials: list[dict], left_out: list[dict]) -> dict:
     report["trials"] = trials
     report["trials_left_out"] = left_out
     recs = [r for r in report.get("recommendations") or [] if r.get("rule_id") != MEASURED_RULE]
-    speaks_for: dict[int, list[str]] = {id(t): [] for t in trials}
+    speaks_for = {id(t): [r["rule_id"] for r in recs if credited(t, r)] for t in trials}
     for rec in recs:
         for key in TRIAL_FIELDS:  # a report attached before: its trials' fields go
             rec.pop(key, None)
         trial = best_for(rec, trials)
         if trial is not None:
             rec.update(trial_fields(trial), trial_contradicts=contradicted(rec, trial))
-            speaks_for[id(trial)].append(rec["rule_id"])
         note = not_credited_note(rec, trials)
         if note:
             rec["trial_not_credited"] = note

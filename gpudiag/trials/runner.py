@@ -334,8 +334,10 @@ def _skip(session: Session, runs: list[Run], kind: str, index: int | None, posit
 
 
 def _report_run(session: Session, runs: list[Run], run: Run, done: dict, autocast_dtype: str | None) -> None:
-    """The progress line of ``run`` (a trial's against the baselines so far, results unchecked);
-    a trial that failed or did not apply joins ``done``; a settling run is counted or not."""
+    """The progress line of ``run`` (a trial's against the baselines so far; its results checked
+    only where two plain runs so far computed the same loss: an unseeded script's would be flagged
+    "changes results" here and cleared in the table); a trial that failed or did not apply joins
+    ``done``; a settling run is counted or not."""
     if run.kind != "trial":
         times = results.step_times(run.status)[0]
         what = f"{_ms(statistics.median(times))}/step" if times else f"no measured steps (exit code {run.code})"
@@ -348,8 +350,10 @@ def _report_run(session: Session, runs: list[Run], run: Run, done: dict, autocas
         return
     baselines = [r.status for r in counted(runs)]
     entry = session.chosen[run.index]
+    plain = baselines + ([session.bare] if session.bare else [])
+    comparable = _comparable(plain, {}) if len(plain) >= 2 else None
     record = results.trial_result(entry, baselines, run.status, run.code, run.elapsed_s, timed_out=run.timed_out,
-                                  comparable=None, autocast_dtype=autocast_dtype)
+                                  comparable=False if comparable is None else comparable, autocast_dtype=autocast_dtype)
     if record["status"] in ("failed", "not applicable", "over budget"):
         done[run.index] = record["status"]
     session.echo(progress_line(run.index + 1, len(session.chosen), record))
