@@ -206,7 +206,9 @@ def _accelerate_bf16(cls, applied: dict):
             return args, kwargs
         bound = signature.bind(accelerator, *args, **kwargs)
         given = bound.arguments.get("mixed_precision")
-        if given is not None:
+        # "no" is fp32, what an argparse default passes on (accelerate's own examples, the suite's
+        # accelerate_accum.py): nothing to keep, as Lightning's precision=32
+        if given is not None and str(getattr(given, "value", given)).lower() != "no":
             _decline(applied, "accelerate", f"the script builds Accelerator(mixed_precision={str(given)!r})")
         elif _env_precision():
             _decline(applied, "accelerate", f"ACCELERATE_MIXED_PRECISION={_env_precision()} (accelerate's config)")

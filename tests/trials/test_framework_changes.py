@@ -213,13 +213,25 @@ def test_accelerator_gets_bf16_where_the_script_gave_none(restore):
     assert applied["applied"] == ["Accelerator(mixed_precision='bf16')"] and applied["framework"] == "accelerate"
 
 
+@pytest.mark.parametrize("given", ["no", "NO"])
+def test_accelerator_mixed_precision_no_is_fp32_and_gets_bf16(restore, given):
+    """``mixed_precision="no"`` is what an argparse default passes on (accelerate's examples, the
+    suite's accelerate_accum.py, whose bf16-autocast trial was "not applicable" on the H200)."""
+    accelerate = pytest.importorskip("accelerate")
+    _reset_accelerate()
+    applied = _fresh("bf16-autocast")
+    framework_changes.install("bf16-autocast", applied)
+    assert accelerate.Accelerator(cpu=True, mixed_precision=given).mixed_precision == "bf16"
+    assert applied["applied"] == ["Accelerator(mixed_precision='bf16')"]
+
+
 def test_accelerator_keeps_the_scripts_mixed_precision(restore):
     accelerate = pytest.importorskip("accelerate")
     _reset_accelerate()
     applied = _fresh("bf16-autocast")
     framework_changes.install("bf16-autocast", applied)
-    assert accelerate.Accelerator(cpu=True, mixed_precision="no").mixed_precision == "no"
-    assert applied["applied"] == [] and "mixed_precision='no'" in applied["not_applicable"]
+    assert accelerate.Accelerator(cpu=True, mixed_precision="fp16").mixed_precision == "fp16"
+    assert applied["applied"] == [] and "mixed_precision='fp16'" in applied["not_applicable"]
 
 
 # ---- the import hook ----------------------------------------------------------------------------------
