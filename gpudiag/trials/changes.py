@@ -163,7 +163,9 @@ def _channels_last(module) -> None:
 
     if not any(p.dim() == 4 for p in module.parameters()):
         return
-    module.to(memory_format=torch.channels_last)
+    # 4-D tensors only: Module.to(memory_format=channels_last) also converts 5-D ones and raises
+    # "required rank 4 tensor" (timm train.py's training task on the H200, 2026-11-28)
+    module._apply(lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t)
 
     def inputs_channels_last(_module, args):
         return tuple(a.contiguous(memory_format=torch.channels_last)
