@@ -72,6 +72,9 @@ def main(argv=None) -> int:
                         help="images in the in-memory dataset (default 2560: 40 batches an epoch; 64 with --tiny)")
     parser.add_argument("--precision", default="32", help="Lightning precision: 32 (default), bf16-mixed, 16-mixed")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
+    parser.add_argument("--pin-memory", action="store_true",
+                        help="DataLoader(pin_memory=True, persistent_workers=True where workers > 0): the "
+                             "loader-workers trial's change, by hand (Lightning moves pinned batches non_blocking)")
     fwcommon.add_common(parser)
     args = parser.parse_args(argv)
     device = fwcommon.device_of(args)
@@ -83,7 +86,8 @@ def main(argv=None) -> int:
     images = torch.randn(n, 3, size, size, generator=g)
     labels = torch.randint(0, 1000, (n,), generator=g)
     loader = DataLoader(TensorDataset(images, labels), batch_size=batch, shuffle=True, drop_last=True,
-                        num_workers=args.workers)
+                        num_workers=args.workers, pin_memory=args.pin_memory,
+                        persistent_workers=args.pin_memory and args.workers > 0)
     model = ResNetModule(args)
     trainer = L.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=1,
                         precision=args.precision, max_steps=args.max_steps,

@@ -115,7 +115,7 @@ hand_spec() {
   local var
   case $1 in
     lightning_resnet50) HSCRIPT=$here/lightning_resnet50.py; HBASE="--accumulate-grad-batches 2 --max-steps 35 --num-samples 1280"
-                        HARMS=("--precision bf16-mixed" "--channels-last") ;;
+                        HARMS=("--precision bf16-mixed" "--channels-last" "--workers 8 --pin-memory") ;;
     hf_trainer_bert)    HSCRIPT=$here/hf_trainer_bert.py; HBASE="--gradient-accumulation-steps 2 --max-steps 35"
                         HARMS=("--bf16" "--tf32") ;;
     accelerate_accum)   HSCRIPT=$here/accelerate_accum.py; HBASE="--grad-accum 4 --max-steps 35"
