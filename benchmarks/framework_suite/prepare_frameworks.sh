@@ -6,7 +6,7 @@
 #     bash benchmarks/framework_suite/prepare_frameworks.sh
 #
 # Each source is a clone's .git, a bare mirror (the search tool's `fetch` gives one:
-# /work/.mirror/OWNER+NAME/repo), or a work tree. TRANSFORMERS may also be a folder holding just
+# MIRRORS/OWNER+NAME/repo), or a work tree. TRANSFORMERS may also be a folder holding just
 # examples/pytorch/language-modeling/run_clm.py (the transformers repository is too large to
 # mirror here; a COMMIT file beside examples/ names the commit it came from). Files:
 #

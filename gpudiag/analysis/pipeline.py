@@ -177,7 +177,7 @@ def _step_sections(t: Tables, steps: Steps, s: StepFrames, api_m: pd.DataFrame, 
     busy, total = float(s.measured["busy_ns"].sum()), float(s.measured["step_time_ns"].sum())
     return {
         "steps": sections.steps_section(steps, s.st, s.detail_step, s.measured, s.per_step,
-                                        frames.micro_batches(status, s.measured_ids)),
+                                        frames.micro_batches(status, steps, s.measured_ids)),
         # None when every measured window is empty (timestamps moved in a damaged export): no share of nothing
         "gpu_busy_percent": 100.0 * busy / total if n and total > 0 else None,
         "outlier_steps": outliers.outlier_report(s.st, s.activities, s.idle, t.runtime_api, steps.table, s.k),

@@ -69,6 +69,7 @@ class CaptureState:
     closure_calls: dict = field(default_factory=dict)  # step -> closures optimizer.step() evaluated
     closure_backward_calls: dict = field(default_factory=dict)  # step -> backward() calls inside them
     closure_depth: int = 0  # > 0 while a closure given to optimizer.step() runs
+    optimizer_depth: int = 0  # optimizer phase ranges open (a wrapper optimizer's step holds its inner one's)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

@@ -99,49 +99,74 @@ def optimizer_pre_hook(optimizer, args, kwargs):
         return None
     training_seen(state)
     ensure_step_open()
-    state.optimizer_calls[state.step_index] = state.optimizer_calls.get(state.step_index, 0) + 1
+    if not state.optimizer_depth:  # a wrapper optimizer's inner step is not another call
+        state.optimizer_calls[state.step_index] = state.optimizer_calls.get(state.step_index, 0) + 1
+    state.optimizer_depth += 1
     state.nvtx.push(nvtx_names.PHASE + "optimizer")
-    # step(self, closure=None) in every torch.optim optimizer; args[0] is the optimizer itself
-    if len(args) > 1 and callable(args[1]):
+    # step(self, closure=None) in every torch.optim optimizer; args[0] is the optimizer itself. A
+    # closure already wrapped (a wrapper optimizer passing it to its inner one) is not wrapped again.
+    if len(args) > 1 and callable(args[1]) and not _wrapped(args[1]):
         return (args[0], outside_optimizer(state, args[1]), *args[2:]), kwargs
-    if callable(kwargs.get("closure")):
+    if callable(kwargs.get("closure")) and not _wrapped(kwargs["closure"]):
         return args, {**kwargs, "closure": outside_optimizer(state, kwargs["closure"])}
     return None
+
+
+def _wrapped(closure) -> bool:
+    return getattr(closure, "__gpudiag_closure__", False)
 
 
 def outside_optimizer(state: CaptureState, closure):
     """``closure`` run outside the optimizer phase: Lightning's automatic optimization, LBFGS and
     any ``optimizer.step(closure)`` evaluate the forward, the loss and ``backward()`` inside the
     step, and that work is not the optimizer's (a ResNet-50 under Lightning had 59 % of its step
-    counted as optimizer time, issue 45). Each call pops the optimizer range, runs the closure
-    inside a ``gpudiag:closure`` range (the micro-batch count reads it) and pushes the optimizer
-    range again, so the optimizer's share is what its own update launches. Nesting stays balanced
-    when the closure raises."""
+    counted as optimizer time, issue 45). Each call pops the optimizer ranges open (a wrapper
+    optimizer's and its inner one's), runs the closure inside a ``gpudiag:closure`` range (the
+    micro-batch count reads it) and pushes them again, so the optimizer's share is what its own
+    update launches. When the closure raises, its range is popped and the optimizer ranges stay
+    closed: the step raises too and its post-hook never runs (a caller that catches the error, as
+    Lightning's batch-size finder does on out-of-memory, then has no range left open)."""
     def closure_outside_optimizer(*args, **kwargs):
         if not steps_core.owns(state) or compiling():
             return closure(*args, **kwargs)
-        state.nvtx.pop()
+        depth = state.optimizer_depth
+        for _ in range(depth):
+            state.nvtx.pop()
         state.nvtx.push(nvtx_names.CLOSURE)
         state.closure_depth += 1
         try:
-            return closure(*args, **kwargs)
-        finally:
-            state.closure_depth -= 1
-            state.closure_calls[state.step_index] = state.closure_calls.get(state.step_index, 0) + 1
-            state.nvtx.pop()
+            result = closure(*args, **kwargs)
+        except BaseException:
+            _end_closure(state)
+            state.optimizer_depth = 0  # closed; a step that catches it pops nothing more
+            raise
+        _end_closure(state)
+        for _ in range(depth):
             state.nvtx.push(nvtx_names.PHASE + "optimizer")
+        return result
 
     closure_outside_optimizer.__wrapped__ = closure
+    closure_outside_optimizer.__gpudiag_closure__ = True
     return closure_outside_optimizer
 
 
+def _end_closure(state: CaptureState) -> None:
+    """Close a closure's range and count its evaluation."""
+    state.closure_depth -= 1
+    state.closure_calls[state.step_index] = state.closure_calls.get(state.step_index, 0) + 1
+    state.nvtx.pop()
+
+
 def optimizer_post_hook(optimizer, args, kwargs) -> None:
-    """After every ``optimizer.step()``: pop the phase range; a step boundary when this step ends
-    a loop iteration (:func:`ends_iteration`) and steps are the optimizer's."""
+    """After every ``optimizer.step()``: pop the phase range (unless a closure that raised closed
+    it already); a step boundary when this step ends a loop iteration (:func:`ends_iteration`) and
+    steps are the optimizer's."""
     state = steps_core.current()
     if state is None or compiling():
         return
-    state.nvtx.pop()
+    if state.optimizer_depth:
+        state.optimizer_depth -= 1
+        state.nvtx.pop()
     if state.step_mode == "optimizer" and ends_iteration(state, optimizer):
         steps_core.step_boundary()
 

@@ -125,8 +125,9 @@ def _patch_optimizers(torch) -> None:
 def _fused_init(cls, original, has_fused: bool):
     def __init__(self, params, *args, **kwargs):
         # fused and foreach are keyword-only in torch.optim; a subclass's own __init__ is left alone;
-        # an optimizer the framework builds after its own switch (HF optim=...) is the framework's
-        if framework_changes.owned(APPLIED):
+        # an optimizer the HF Trainer builds after its own switch (optim=...) is the framework's, one
+        # the script builds and hands to it (Trainer(optimizers=(opt, None))) is changed here
+        if framework_changes.owned(APPLIED) and framework_changes.built_by_transformers():
             pass
         elif type(self) is cls and kwargs.get("fused") is None and kwargs.get("foreach") is None:
             params = list(params)  # a generator would be spent by the check below

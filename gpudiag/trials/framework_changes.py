@@ -137,6 +137,9 @@ def _hf_bf16(args, applied: dict) -> None:
 
 
 def _hf_tf32(args, applied: dict) -> None:
+    if args.tf32 is True:
+        _decline(applied, "transformers", "the script sets TrainingArguments(tf32=True) already")
+        return
     if args.tf32 is False:
         applied["applied"].clear()  # transformers turns TF32 off again after gpudiag turned it on
         _decline(applied, "transformers", "the script sets TrainingArguments(tf32=False)")
@@ -189,10 +192,17 @@ def _hf_arguments(change: str, applied: dict):
 def _from_transformers() -> bool:
     """Whether the Accelerator being built was asked for by transformers (the HF Trainer's own):
     the first caller outside gpudiag and accelerate is a transformers module."""
+    return built_by_transformers(("gpudiag.", "accelerate."))
+
+
+def built_by_transformers(through: tuple[str, ...] = ("gpudiag.", "accelerate.", "torch.")) -> bool:
+    """Whether the first caller outside the modules ``through`` (name prefixes) is a transformers
+    module: an object the HF Trainer builds itself (its optimizer after ``optim=...``, its
+    Accelerator), not one the script built and handed to it (``Trainer(optimizers=(opt, None))``)."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
-        if not name.startswith(("gpudiag.", "accelerate.")):
+        if not name.startswith(through):
             return name.startswith("transformers.")
         frame = frame.f_back
     return False

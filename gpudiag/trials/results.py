@@ -116,7 +116,7 @@ def _runs(value: dict | list[dict]) -> list[dict]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _step_runs(statuses: list[dict], per_sample: bool) -> tuple[list[list[float]], str | None]:
+def step_runs(statuses: list[dict], per_sample: bool) -> tuple[list[list[float]], str | None]:
     """(each run's measured step times in ns, the one method they were timed by), runs without
     steps left out; per sample (step time ÷ the run's ``samples_per_step``) when ``per_sample``,
     leaving out runs that do not say it. The method is None when the runs mix methods."""
@@ -155,8 +155,8 @@ def _timing(out: dict, baselines: list[dict], trials: list[dict], per_sample: bo
     returns why it could not (None when it did)."""
     from gpudiag.trials import stats
 
-    base_runs, method = _step_runs(baselines, per_sample)
-    trial_runs, trial_method = _step_runs(trials, per_sample)
+    base_runs, method = step_runs(baselines, per_sample)
+    trial_runs, trial_method = step_runs(trials, per_sample)
     if per_sample and (not base_runs or not trial_runs):
         return "samples per step unknown (call gpudiag.step(samples=N) in the script)"
     if not base_runs or not trial_runs or method != trial_method:

@@ -225,18 +225,6 @@ def settle_counts(settle: dict, bare: dict | None) -> tuple[bool, str]:
     return False, "no bare run before the capture timed the same steps"
 
 
-def _step_lists(statuses: list[dict], per_sample: bool) -> list[list[float]]:
-    """Each status's measured step times (ns; per sample for an ``args:`` trial), as the record
-    compares them (:func:`gpudiag.trials.results.trial_result`)."""
-    out = []
-    for status in statuses:
-        times, _ = results.step_times(status)
-        per = status.get("samples_per_step") if per_sample else 1
-        if times and per:
-            out.append([t / per for t in times])
-    return out
-
-
 def decisions(session: Session, runs: list[Run], done: dict) -> dict[int, str | None]:
     """change index -> :func:`gpudiag.trials.stats.early_decision` against the baselines counted
     so far, for every change with a usable run that did not fail."""
@@ -245,8 +233,11 @@ def decisions(session: Session, runs: list[Run], done: dict) -> dict[int, str | 
     for index in sorted({r.index for r in runs if r.kind == "trial" and r.index not in done and _usable(r)}):
         per_sample = session.chosen[index]["change"].startswith("args:")
         mine = [r.status for r in runs if r.kind == "trial" and r.index == index and _usable(r)]
-        trial, baselines = _step_lists(mine, per_sample), _step_lists(base, per_sample)
-        out[index] = stats.early_decision(baselines, trial) if trial and baselines else None
+        # as the record compares them (results.step_runs): no decision across timing methods
+        trial, method = results.step_runs(mine, per_sample)
+        baselines, base_method = results.step_runs(base, per_sample)
+        same = method is not None and method == base_method
+        out[index] = stats.early_decision(baselines, trial) if trial and baselines and same else None
     return out
 
 

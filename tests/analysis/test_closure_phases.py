@@ -66,24 +66,28 @@ def _open(events: list) -> list[str]:
 
 
 def frames(events: list) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
-    """(kernels, runtime_api, nvtx, op names): event i happens at 10·i ns on one thread; each op
-    range launches one kernel 1 ns after it opens."""
+    """(kernels, runtime_api, nvtx, op names): event i happens at 10·i ns; the ranges are pushed
+    on thread 7; each op range launches one kernel 1 ns after it opens, from thread 7, except
+    inside a backward() range: from thread 8, as autograd's device thread launches the backward
+    kernels on a GPU while the thread that called backward() waits."""
     stack, ranges, ops = [], [], []
     for i, event in enumerate(events):
         t = 10 * i
         if event[0] == "push":
             stack.append((event[1], t))
             if event[1].startswith(nvtx_names.OP):
-                ops.append((json.loads(event[1][len(nvtx_names.OP):])["op"], t + 1))
+                in_backward = any(text == nvtx_names.PHASE + "backward" for text, _ in stack)
+                ops.append((json.loads(event[1][len(nvtx_names.OP):])["op"], t + 1, 8 if in_backward else 7))
         elif event[0] == "pop":
             text, start = stack.pop()
             ranges.append((text, start, t))
     nvtx = pd.DataFrame(ranges, columns=["text", "start_ns", "end_ns"]).assign(global_tid=7)
     n = len(ops)
     kernels = pd.DataFrame({"kernel_id": np.arange(n), "global_pid": 0, "correlation_id": np.arange(n)})
-    api = pd.DataFrame({"global_pid": 0, "correlation_id": np.arange(n), "start_ns": [t for _, t in ops],
-                        "end_ns": [t + 1 for _, t in ops], "global_tid": 7, "name": "cudaLaunchKernel"})
-    return kernels, api, nvtx, [op for op, _ in ops]
+    api = pd.DataFrame({"global_pid": 0, "correlation_id": np.arange(n), "start_ns": [t for _, t, _ in ops],
+                        "end_ns": [t + 1 for _, t, _ in ops], "global_tid": [tid for _, _, tid in ops],
+                        "name": "cudaLaunchKernel"})
+    return kernels, api, nvtx, [op for op, _, _ in ops]
 
 
 def optimizer_ops(events: list) -> set[str]:
@@ -120,3 +124,22 @@ def test_an_export_without_closure_ranges_reads_the_same(closure_events):
                 and not any(r.startswith(nvtx_names.MODULE) or r == nvtx_names.PHASE + "backward" for r in open_)}
     assert optimizer_ops(old) - unplaced == (in_optimizer - in_closure) - unplaced
     assert not optimizer_ops(old) & {"aten::addmm", "aten::mm", "aten::gelu", "aten::gelu_backward"}
+
+
+def test_micro_batches_from_a_real_status_and_only_for_the_launchers_steps():
+    """The H200 status of the HF Trainer BERT run (``gradient_accumulation_steps=2``, 2026-11-28):
+    two micro-batches per measured step; none for steps found another way (the counts are keyed
+    by the launcher's own step numbers)."""
+    import lzma
+
+    from gpudiag.analysis.steps import frames as step_frames
+
+    path = (Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "framework_suite" / "h200-2026-11-28"
+            / "call1-fw-gpu1" / "hf_trainer_bert" / "script_status.json.xz")
+    status = json.loads(lzma.open(path).read())
+    table = pd.DataFrame({"step": range(22), "start_ns": range(0, 220, 10), "end_ns": range(10, 230, 10)})
+    measured = set(range(3, 22))
+    mine = step_frames.micro_batches(status, Steps(table, "gpudiag", "gpudiag"), measured)
+    assert mine == {"per_step": 2.0, "closure_evaluations": 0.0, "optimizer_calls": 1.0}
+    assert step_frames.micro_batches(status, Steps(table, "user ranges", "nvtx"), measured) is None
+    assert step_frames.micro_batches({**status, "step_mode": "call"}, Steps(table, "gpudiag", "gpudiag"), measured) is None

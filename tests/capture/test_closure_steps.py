@@ -272,3 +272,63 @@ def test_closures_under_the_bare_launcher_keep_results(tmp_path):
     plain = subprocess.run([sys.executable, str(tmp_path / "train.py")], capture_output=True, text=True, timeout=120)
     assert [ln for ln in proc.stdout.splitlines() if ln.startswith("LOSS")] == \
         [ln for ln in plain.stdout.splitlines() if ln.startswith("LOSS")]
+
+
+RAISING = """
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+calls = [0]
+
+def closure():
+    calls[0] += 1
+    opt.zero_grad()
+    loss = model(x).square().mean()
+    if calls[0] == 3:
+        raise RuntimeError("CUDA out of memory (simulated)")
+    loss.backward()
+    return loss
+
+for _ in range(6):
+    try:
+        opt.step(closure)
+    except RuntimeError:
+        pass  # a caller that carries on (Lightning's batch-size finder on out-of-memory)
+"""
+
+
+def test_a_closure_that_raises_leaves_no_range_open(tmp_path):
+    """The closure of the third step raises and the loop carries on: the pushes and pops stay
+    balanced (ops_with_open_ranges asserts it) and no later op runs inside a stale optimizer range."""
+    events, summary = run_instrumented(tmp_path, RAISING, CaptureConfig(warmup_steps=1, detail_step=3))
+    in_optimizer, in_closure = split_by_optimizer(events)
+    assert {"aten::addmm", "aten::mm"} <= in_closure and not in_optimizer & MODEL_OPS
+    assert summary["steps_completed"] == 5  # the step that raised ended no step
+
+
+WRAPPER = """
+class Lookahead(torch.optim.Optimizer):
+    # a wrapper optimizer (Lookahead, ZeRO-style): its step runs its inner optimizer's, closure included
+    def __init__(self, inner):
+        self.inner = inner
+        super().__init__(inner.param_groups, {})
+    def step(self, closure=None):
+        return self.inner.step(closure)
+
+opt = Lookahead(torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
+
+def closure():
+    opt.zero_grad()
+    loss = model(x).square().mean()
+    loss.backward()
+    return loss
+
+for _ in range(6):
+    opt.step(closure)
+"""
+
+
+def test_a_wrapper_optimizers_closure_runs_outside_both_optimizer_ranges(tmp_path):
+    events, summary = run_instrumented(tmp_path, WRAPPER, CaptureConfig(warmup_steps=1, detail_step=2))
+    in_optimizer, in_closure = split_by_optimizer(events)
+    assert {"aten::addmm", "aten::mm"} <= in_closure and not in_optimizer & MODEL_OPS and in_optimizer
+    # one closure evaluation and one optimizer call (the wrapper's) per step: one micro-batch
+    assert set(summary["closure_calls"].values()) == {1} and set(summary["micro_batches"].values()) == {1}

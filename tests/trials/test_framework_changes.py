@@ -186,6 +186,29 @@ def test_training_arguments_tf32(restore, tmp_path, monkeypatch):
     declined = _fresh("tf32") | {"applied": ["torch.backends.cuda.matmul.allow_tf32 = True; ..."]}
     framework_changes._hf_tf32(type("Args", (), {"tf32": False})(), declined)
     assert declined["applied"] == [] and "tf32=False" in declined["not_applicable"]
+    already = _fresh("tf32")
+    framework_changes._hf_tf32(type("Args", (), {"tf32": True})(), already)
+    assert already["applied"] == [] and "tf32=True) already" in already["not_applicable"]
+
+
+def test_an_optimizer_the_script_hands_to_the_hf_trainer_is_still_fused(restore, tmp_path):
+    """``TrainingArguments(optim="adamw_torch")`` takes the switch, but a script that builds its own
+    AdamW and passes ``Trainer(optimizers=(opt, None))`` trains with that one: the generic change
+    still makes it foreach/fused (the HF Trainer ignores ``optim`` then)."""
+    import torch
+
+    from gpudiag.trials import changes
+
+    originals = {cls: cls.__dict__["__init__"] for cls in vars(torch.optim).values()
+                 if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and "__init__" in cls.__dict__}
+    changes.install("fused-optimizer", state=None)
+    try:
+        assert str(_training_arguments(tmp_path, optim="adamw_torch").optim.value) == "adamw_torch_fused"
+        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)  # built by the script
+        assert "AdamW(foreach=True)" in changes.APPLIED["applied"]  # CPU parameters: foreach, not fused
+    finally:
+        for cls, init in originals.items():
+            cls.__init__ = init
 
 
 def test_hf_trainer_builds_its_accelerator_from_the_arguments_once(restore, tmp_path):

@@ -193,7 +193,7 @@ def window_index(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray, labels: n
     return out
 
 
-def closure_phases(phase: pd.Series, phases: pd.DataFrame, api_start: np.ndarray, tid: np.ndarray,
+def closure_phases(phase: pd.Series, phases: pd.DataFrame, api_start: np.ndarray,
                    module_index: np.ndarray) -> pd.Series | pd.Categorical:
     """``phase`` with the work of a closure ``optimizer.step(closure)`` ran taken out of the
     optimizer phase: a kernel launched with the optimizer range outermost but a ``backward()``
@@ -201,15 +201,19 @@ def closure_phases(phase: pd.Series, phases: pd.DataFrame, api_start: np.ndarray
     gpudiag's launcher closes the optimizer range while a closure runs (``gpudiag:closure``); an
     export made before it did (Lightning's automatic optimization, LBFGS) counted the closure's
     forward and backward as the optimizer's (59 % of a ResNet-50 step, issue 45). ``phases``: every
-    phase range (start_ns, end_ns, global_tid, text); ``module_index``: the innermost module range
-    of each kernel's launch (-1 for none)."""
+    phase range (start_ns, end_ns, text); ``module_index``: the innermost module range of each
+    kernel's launch (-1 for none). A backward range is matched by time on any thread: autograd
+    launches the backward kernels from its own device thread while ``backward()`` waits on the
+    thread that pushed the range."""
     optimizer = (phase == "optimizer").to_numpy()
     if not optimizer.any():
         return phase
-    inner = innermost_range(phases.reset_index(drop=True), api_start, tid)
-    names = phases["text"].str[len(nvtx_names.PHASE):].to_numpy(dtype=object)
-    inner_name = np.where(inner >= 0, names[np.maximum(inner, 0)], "")
-    backward = optimizer & (inner_name == "backward")
+    backward_ranges = phases[phases["text"] == nvtx_names.PHASE + "backward"]
+    backward = np.zeros(len(optimizer), dtype=bool)
+    if not backward_ranges.empty:
+        rows = np.flatnonzero(optimizer)  # only the optimizer's kernels are looked up
+        outer = _outermost(backward_ranges)
+        backward[rows] = window_index(outer["start_ns"].to_numpy(), outer["end_ns"].to_numpy(), api_start[rows]) >= 0
     forward = optimizer & ~backward & (module_index >= 0)
     if not (backward.any() or forward.any()):
         return phase
@@ -399,7 +403,7 @@ def attribute(kernels: pd.DataFrame, runtime_api: pd.DataFrame, nvtx: pd.DataFra
     # the phase range open at the launch; outside every one, forward inside a module, else other
     phase_index = np.where(pidx >= 0, pidx, np.where(midx >= 0, len(phase_names), -1))
     out["phase"] = names_encoding.spread(np.append(np.asarray(phase_names, dtype=object), "forward"), phase_index, "other")
-    out["phase"] = closure_phases(out["phase"], all_phases, api_start, tid, midx)
+    out["phase"] = closure_phases(out["phase"], all_phases, api_start, midx)
 
     ops = nvtx[text.str.startswith(nvtx_names.OP)].reset_index(drop=True) if not nvtx.empty else nvtx
     oidx = innermost_range(ops, api_start, tid)

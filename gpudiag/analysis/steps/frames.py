@@ -101,13 +101,16 @@ def measured_api(runtime_api: pd.DataFrame, steps: Steps, measured_ids: set) -> 
                              steps.table, measured_ids)
 
 
-def micro_batches(status: dict | None, measured_ids: set) -> dict | None:
+def micro_batches(status: dict | None, steps: Steps, measured_ids: set) -> dict | None:
     """What one step holds, from the launcher's counts (:func:`gpudiag.capture.training_steps.
     micro_batches`), medians over the measured steps that have them: ``per_step`` (k: an optimizer
     step over k micro-batches, gradient accumulation when k > 1), ``closure_evaluations`` (closures
     ``optimizer.step(closure)`` ran: Lightning's automatic optimization, LBFGS) and
     ``optimizer_calls``. None when the status has no counts for the measured steps (an export made
-    without gpudiag, or steps that are not optimizer steps)."""
+    without gpudiag), or when the steps are not the launcher's optimizer steps numbered as it
+    numbered them (``--steps-from``, the user's own step ranges, several runs in one capture)."""
+    if steps.kind != "gpudiag" or steps.runs is not None or (status or {}).get("step_mode") != "optimizer":
+        return None
     def median_of(key: str) -> float | None:
         values = [v for k, v in ((status or {}).get(key) or {}).items() if int(k) in measured_ids]
         return float(np.median(values)) if values else None
