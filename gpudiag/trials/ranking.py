@@ -113,7 +113,10 @@ def not_credited_note(rec: dict, trials: list[dict]) -> str | None:
 def contradicted(rec: dict, trial: dict) -> bool:
     """Whether ``trial`` (credited to ``rec``) contradicts the rule's prediction: predicted over
     :data:`CONTRADICTED_PREDICTED` % of the step, measured under :data:`CONTRADICTED_MEASURED` % of
-    the bare step (its point estimate, conclusive or not)."""
+    the bare step (its point estimate, conclusive or not). Each share is of its own step: the
+    prediction of the profiled step, the measurement of the bare one; the thresholds are four
+    times apart, wider than the profiler's inflation of a step (1–79 % on the framework suite,
+    docs/framework_suite.md, where the shares would differ most)."""
     predicted = rec.get("saving_percent_of_step")
     measured = trial.get("saving_percent")
     return (predicted is not None and measured is not None and trial.get("saving_ns") is not None
