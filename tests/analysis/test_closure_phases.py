@@ -143,3 +143,39 @@ def test_micro_batches_from_a_real_status_and_only_for_the_launchers_steps():
     assert mine == {"per_step": 2.0, "closure_evaluations": 0.0, "optimizer_calls": 1.0}
     assert step_frames.micro_batches(status, Steps(table, "user ranges", "nvtx"), measured) is None
     assert step_frames.micro_batches({**status, "step_mode": "call"}, Steps(table, "gpudiag", "gpudiag"), measured) is None
+
+
+def test_the_optimizer_phases_host_time_leaves_the_closure_out(closure_events):
+    """The optimizer phase's host time (what GD-UNFUSED-OPTIMIZER's host saving reads): on the old
+    nesting it is the optimizer ranges less the backward() and module ranges inside them. The
+    oracle, from the same run's new nesting: the optimizer ranges' own time, plus the closure's
+    time outside every module and backward() (the loss, zero_grad), which nothing places."""
+    from gpudiag.analysis.rules.host_floor import phase_ranges_ns
+
+    def host(events):
+        nvtx = frames(events)[2]
+        table = pd.DataFrame({"step": [0], "start_ns": [0], "end_ns": [10 * len(events)]})
+        return phase_ranges_ns(nvtx, table, {0}), nvtx
+
+    (new, new_nvtx), (old, old_nvtx) = host(closure_events), host(without_closure_ranges(closure_events))
+    closures = new_nvtx[new_nvtx["text"] == nvtx_names.CLOSURE]
+    placed = new_nvtx[new_nvtx["text"].str.startswith(nvtx_names.MODULE)
+                      | (new_nvtx["text"] == nvtx_names.PHASE + "backward")]
+    inside = [(placed["start_ns"] >= c.start_ns) & (placed["end_ns"] <= c.end_ns) for c in closures.itertuples()]
+    unplaced_ns = float((closures["end_ns"] - closures["start_ns"]).sum()) - sum(
+        _union_ns(placed[m]) for m in inside)
+    old_ranges = old_nvtx[old_nvtx["text"] == OPTIMIZER]
+    old_raw = float((old_ranges["end_ns"] - old_ranges["start_ns"]).sum())
+    assert old["optimizer"] < old_raw
+    # the new nesting's split optimizer ranges, plus the closure pops and pushes (10 ns per event)
+    assert new["optimizer"] <= old["optimizer"] <= new["optimizer"] + unplaced_ns + 40 * len(closures)
+
+
+def _union_ns(ranges: pd.DataFrame) -> float:
+    """Length of the union of [start, end) intervals, ns."""
+    total, end = 0.0, -np.inf
+    for start, stop in sorted(zip(ranges["start_ns"], ranges["end_ns"])):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total

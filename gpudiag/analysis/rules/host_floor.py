@@ -114,7 +114,10 @@ def phase_host_ns(km: pd.DataFrame, phase: str, bare_factor: float = 1.0) -> flo
 def phase_ranges_ns(nvtx: pd.DataFrame, steps_table: pd.DataFrame, measured_ids: set) -> dict[str, float]:
     """Host time per measured step of each of gpudiag's phase ranges (``gpudiag:phase NAME``: the
     backward() call, optimizer.step()), ns: per step the sum of its ranges' durations, then the
-    median over the steps that have one. {} without such ranges (exports made without gpudiag)."""
+    median over the steps that have one. {} without such ranges (exports made without gpudiag).
+    An optimizer range holding a closure's work (an export made before gpudiag closed the range
+    around closures: Lightning, LBFGS) counts without the backward() and module ranges inside it
+    (:func:`closure_ns`), as the attribution does (``ranges.closure_phases``)."""
     from gpudiag import nvtx_names
     from gpudiag.analysis.steps.launches import in_measured_steps
 
@@ -125,7 +128,34 @@ def phase_ranges_ns(nvtx: pd.DataFrame, steps_table: pd.DataFrame, measured_ids:
         return {}
     ranges = in_measured_steps(ranges, ranges["start_ns"].to_numpy(dtype=float), steps_table, measured_ids)
     per = ranges.assign(phase=ranges["text"].str[len(nvtx_names.PHASE):], ns=ranges["end_ns"] - ranges["start_ns"])
+    optimizer = (per["phase"] == "optimizer").to_numpy()
+    if optimizer.any():
+        per.loc[optimizer, "ns"] = per.loc[optimizer, "ns"] - closure_ns(per[optimizer], nvtx)
     return {str(p): float(g.groupby("step")["ns"].sum().median()) for p, g in per.groupby("phase")}
+
+
+def closure_ns(optimizer: pd.DataFrame, nvtx: pd.DataFrame) -> np.ndarray:
+    """Per optimizer range (start_ns, end_ns), the host time inside it of outermost ``backward()``
+    and module ranges (a closure's forward and backward, ns); 0 where there are none, as in every
+    export gpudiag makes now."""
+    from gpudiag import nvtx_names
+    from gpudiag.analysis.attribution.ranges import _outermost, window_index
+
+    texts = nvtx["text"]
+    inner = nvtx[(_starts_with(texts, nvtx_names.MODULE) | (texts == nvtx_names.PHASE + "backward").to_numpy())
+                 & nvtx["end_ns"].notna()]
+    out = np.zeros(len(optimizer))
+    if inner.empty:
+        return out
+    inner = _outermost(inner[["start_ns", "end_ns"]])
+    order = np.argsort(optimizer["start_ns"].to_numpy(), kind="stable")
+    starts, ends = optimizer["start_ns"].to_numpy()[order], optimizer["end_ns"].to_numpy()[order]
+    where = window_index(starts, ends, inner["start_ns"].to_numpy())
+    inside = where >= 0
+    sums = np.bincount(where[inside], weights=(inner["end_ns"] - inner["start_ns"]).to_numpy(dtype=float)[inside],
+                       minlength=len(order))
+    out[order] = sums
+    return out
 
 
 def outside_modules(nvtx: pd.DataFrame, steps_table: pd.DataFrame, measured_ids: set) -> dict | None:
