@@ -13,18 +13,17 @@ class was constructed (its ``__init__`` wrapped by a counter once its module is 
 
 Why an import hook. The script imports its framework after the launcher has started, so a class
 cannot be patched when gpudiag installs; :func:`when_imported` runs a callback right after the
-module that defines the class has executed (a ``sys.meta_path`` finder that wraps that module's
-loader for the one load), or at once where it is already imported.
+module that defines the class has executed (:mod:`gpudiag.capture.import_hook`), or at once where
+it is already imported.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import sys
 import threading
 
-from gpudiag.capture import model_modules
+from gpudiag.capture import import_hook, model_modules
 
 # framework -> (the module defining its classes, the classes counted when constructed)
 CLASSES = {
@@ -37,7 +36,6 @@ CLASSES = {
 PACKAGES = ("transformers", "lightning", "pytorch_lightning", "accelerate", "timm")
 MAX_LOADERS = 50  # DataLoaders described in the status (a script that builds one per epoch: the first 50)
 
-_hooks: dict[str, list] = {}  # module name -> callbacks waiting for it to execute
 _lock = threading.Lock()
 _constructed: dict[str, int] = {}  # "transformers.Trainer" -> constructions
 _loaders: list[dict] = []
@@ -45,57 +43,7 @@ _loaders_built = [0]
 _errors: list[str] = []  # a callback that failed: reported, never raised into the script's import
 
 
-# ---- the import hook -----------------------------------------------------------------------------
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """First on ``sys.meta_path``: for a module with callbacks waiting, the spec the other finders
-    give, with its loader wrapped (:class:`_Loader`); None for every other module (the import
-    system then asks the next finder, at the cost of one dict lookup)."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _hooks:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader, fullname)
-                return spec
-        return None
-
-
-class _Loader(importlib.abc.Loader):
-    """The module's own loader, then the callbacks. The module's ``__loader__`` and spec get the
-    real loader back once it has executed: code reading them later (``inspect``, resource readers)
-    sees the loader it would have seen without gpudiag."""
-
-    def __init__(self, loader, name: str) -> None:
-        self._loader, self._name = loader, name
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        try:
-            self._loader.exec_module(module)
-        finally:
-            module.__loader__ = self._loader
-            if getattr(module, "__spec__", None) is not None:
-                module.__spec__.loader = self._loader
-        _run_callbacks(self._name, module)
-
-    def __getattr__(self, name):  # get_source, get_resource_reader, ...: the real loader's
-        return getattr(self._loader, name)
-
-
-def _run_callbacks(name: str, module) -> None:
-    with _lock:
-        callbacks = _hooks.pop(name, [])
-    for callback in callbacks:
-        _call(name, callback, module)
-
+# ---- callbacks ----------------------------------------------------------------------------------
 
 def _call(what: str, fn, *args):
     """``fn(*args)``, or None when it raised: recorded in :func:`summary`'s ``errors``, never
@@ -108,17 +56,10 @@ def _call(what: str, fn, *args):
 
 
 def when_imported(name: str, callback) -> None:
-    """Call ``callback(module)`` once the module ``name`` (a full dotted name) has executed: at
-    once when it is already imported, else right after the script's import of it. A callback that
-    raises is recorded in :func:`summary`'s ``errors``, never raised into the script."""
-    module = sys.modules.get(name)
-    if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
-        _call(name, callback, module)
-        return
-    with _lock:
-        _hooks.setdefault(name, []).append(callback)
-        if not any(isinstance(f, _Finder) for f in sys.meta_path):
-            sys.meta_path.insert(0, _Finder())
+    """Call ``callback(module)`` once the module ``name`` (a full dotted name) has executed
+    (:func:`gpudiag.capture.import_hook.when_imported`). A callback that raises is recorded in
+    :func:`summary`'s ``errors``, never raised into the script."""
+    import_hook.when_imported(name, functools.partial(_call, name, callback))
 
 
 def wrap_method(cls, name: str, before=None, after=None) -> None:

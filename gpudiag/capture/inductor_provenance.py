@@ -42,6 +42,7 @@ import threading
 import weakref
 
 from gpudiag import nvtx_names
+from gpudiag.capture import import_hook
 
 _DEBUG_MODULE = "torch._inductor.debug"
 _OUTPUT_CODE_MODULE = "torch._inductor.output_code"
@@ -336,44 +337,6 @@ def _guarded(patch):
     return run
 
 
-class _Loader:
-    """Delegates to the real loader, then runs ``callback`` on the freshly executed module."""
-
-    def __init__(self, loader, callback) -> None:
-        self._loader, self._callback = loader, callback
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._loader.exec_module(module)
-        self._callback(module)
-
-    def __getattr__(self, name):  # get_source, get_filename, ... (tracebacks, inspect)
-        return getattr(self._loader, name)
-
-
-class _PostImportFinder:
-    """A ``sys.meta_path`` entry that patches a module right after its first import."""
-
-    def __init__(self, callbacks: dict) -> None:
-        self.callbacks = callbacks
-
-    def find_spec(self, name, path=None, target=None):
-        callback = self.callbacks.get(name)
-        if callback is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader, callback)
-                return spec
-        return None
-
-
 # ---- public ----------------------------------------------------------------------------------
 
 def _disown() -> None:
@@ -398,11 +361,7 @@ def install(nvtx, fresh_compile: bool = True) -> None:
     callbacks = {_DEBUG_MODULE: _guarded(_patch_debug), _OUTPUT_CODE_MODULE: _guarded(_patch_output_code)}
     try:
         for name, callback in callbacks.items():
-            if name in sys.modules:
-                callback(sys.modules[name])
-        pending = {n: c for n, c in callbacks.items() if n not in sys.modules}
-        if pending:
-            sys.meta_path.insert(0, _PostImportFinder(pending))
+            import_hook.when_imported(name, callback)
     except Exception as exc:  # noqa: BLE001
         _state.warn(f"inductor provenance not installed: {type(exc).__name__}: {exc}")
 

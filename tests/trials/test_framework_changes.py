@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from gpudiag.capture import frameworks
+from gpudiag.capture import frameworks, import_hook
 from gpudiag.capture.instrument import CaptureConfig
 from gpudiag.trials import framework_changes, runner
 
@@ -40,7 +40,7 @@ def restore(monkeypatch):
         except ImportError:
             continue
         saved.append((klass, name, klass.__dict__[name]))
-    meta_path, hooks = list(sys.meta_path), {k: list(v) for k, v in frameworks._hooks.items()}
+    meta_path, hooks = list(sys.meta_path), {k: list(v) for k, v in import_hook._hooks.items()}
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     monkeypatch.delenv("PL_TRAINER_PRECISION", raising=False)
@@ -48,8 +48,8 @@ def restore(monkeypatch):
     for klass, name, value in saved:
         setattr(klass, name, value)
     sys.meta_path[:] = meta_path
-    frameworks._hooks.clear()
-    frameworks._hooks.update(hooks)
+    import_hook._hooks.clear()
+    import_hook._hooks.update(hooks)
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     _reset_accelerate()
 
