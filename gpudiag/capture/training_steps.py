@@ -200,9 +200,11 @@ def micro_batches(state: CaptureState) -> dict:
     micro-batches (Lightning ``accumulate_grad_batches``, HF ``gradient_accumulation_steps``,
     ``accelerator.accumulate``). A step with several ``optimizer.step()`` calls (a GAN's two
     optimizers) has no micro-batch count: its backward() calls are not micro-batches of one update."""
+    # the first steps only, as the window keeps its losses: a --steps 0 run of a long script
+    keep = state.window.MAX_LOSSES
     steps = sorted(set(state.backward_outside_closures) | set(state.closure_backward_calls) | set(state.optimizer_calls))
     counts = {str(s): state.backward_outside_closures.get(s, 0) + (1 if state.closure_backward_calls.get(s) else 0)
-              for s in steps if s >= 0 and state.optimizer_calls.get(s, 0) == 1}
-    return {"optimizer_calls": {str(s): n for s, n in state.optimizer_calls.items() if s >= 0},
-            "closure_calls": {str(s): n for s, n in state.closure_calls.items() if s >= 0},
+              for s in steps[:keep] if s >= 0 and state.optimizer_calls.get(s, 0) == 1}
+    return {"optimizer_calls": {str(s): n for s, n in sorted(state.optimizer_calls.items())[:keep] if s >= 0},
+            "closure_calls": {str(s): n for s, n in sorted(state.closure_calls.items())[:keep] if s >= 0},
             "micro_batches": counts}

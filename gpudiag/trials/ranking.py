@@ -155,11 +155,15 @@ def unpredicted_win(trial: dict, credited_to: list[str]) -> dict | None:
     runs = len(trial.get("baseline_runs_ns") or [])
     evidence = (f"trial {trial['change']}: {_ms(trial.get('baseline_step_ns'))} -> {_ms(trial.get('trial_step_ns'))} "
                 f"ms/step over {trial.get('steps')} steps, against {runs} baseline runs{interval}")
-    named = f" (more than the time {trial['rule_id']}'s evidence covers)" if trial.get("rule_id") else ""
+    rule = trial.get("rule_id")
+    named = f" (more than the time {rule}'s evidence covers)" if rule else ""
+    estimate = (f"none of its own: {rule} predicted this change, and the saving is larger than the time its "
+                "evidence covers; a trial measured it on the script" if rule
+                else "none: no rule predicted this change; a trial measured it on the script")
     return {"rule_id": MEASURED_RULE, "title": f"Measured{'' if named else ', not predicted'}: {trial['change']} saves "
             f"{trial['saving_ns'] / 1e6:.2f} ms per step{named}", "predicted": False,
             "saving_ns_per_step": 0.0, "saving_percent_of_step": 0.0, "saving_estimated": False,
-            "estimate": "none: no rule predicted this change; a trial measured it on the script",
+            "estimate": estimate,
             "evidence": [evidence], "how_to_fix": HOW_TO.get(trial["change"]) or "; ".join(trial.get("applied") or []),
             "overlaps": [], **trial_fields(trial)}
 

@@ -47,6 +47,7 @@ def test_a_saving_larger_than_the_rules_evidence_is_its_own_line():
     measured = recs[ranking.MEASURED_RULE]
     assert measured["measured_saving_ns"] == 14.0 * MS and measured["trial_change"] == "compile-graphs"
     assert "more than the time GD-SMALL-GRID's evidence covers" in measured["title"]
+    assert measured["estimate"].startswith("none of its own: GD-SMALL-GRID predicted this change")
     # the 14 ms line ranked by its measurement, between the 20 ms and 2.9 ms predictions
     assert [r["rule_id"] for r in report["recommendations"]] == \
         ["GD-INPUT-STALL", ranking.MEASURED_RULE, "GD-SMALL-GRID"]

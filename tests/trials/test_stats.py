@@ -402,7 +402,7 @@ def test_html_and_terminal_say_inconclusive_and_why(analysed):
     page = html.render(report)
     assert "inconclusive" in page and "baselines disagree by 5." in page
     assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page  # autoescaped
-    assert "not predicted: no rule saw it" in page and "Measured, not predicted: cudnn-benchmark" in page
+    assert "none: no rule predicted this change" in page and "Measured, not predicted: cudnn-benchmark" in page
     console = Console(record=True, width=250)
     terminal.render_trials(report, console)
     text = console.export_text()
