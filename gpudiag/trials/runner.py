@@ -78,6 +78,7 @@ DECIDED = "every change tried was decided"
 NOTHING_SINCE = "no change measured since the last baseline"
 FAILED = "the change failed or did not apply"
 BUDGET = "the budget left was shorter than a run"
+NO_BASELINE = "the unchanged script measured no steps (nothing to compare with)"
 
 
 @dataclasses.dataclass
@@ -302,6 +303,8 @@ def execute(session: Session, autocast_dtype: str | None = None) -> tuple[list[R
         runs.append(run)
         _report_run(session, runs, run, done, autocast_dtype)
         if kind == "baseline" and not counted(runs):
+            # the rest of the plan is not made: the budget account lists it (issue 45's review)
+            skips += [Skip(k, i, position + 1 + n, NO_BASELINE) for n, (k, i) in enumerate(plan[position + 1:])]
             break
     return runs, skips
 

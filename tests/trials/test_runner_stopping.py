@@ -369,3 +369,14 @@ def test_trial_wall_splits_a_session(tmp_path):
     assert data["parts_s"]["outside"] == pytest.approx(6.4 + 7.5)
     assert data["mean_run_s"] == 23.0 and data["runs_that_fit"] == int((180 - 42) // 23)
     assert abs(base["step_ms"] - 50.0) < 1.0
+
+
+def test_a_script_that_measures_no_steps_ends_the_session_and_says_what_was_not_run(tmp_path, fake):
+    """The unchanged script fails: after its first baseline nothing can be compared, and the
+    budget account lists every planned run left, with that reason."""
+    made = fake({None: 10.0, "compile": 6.0, "tf32": 9.0}, fail=(None,))
+    records, account, _ = session(tmp_path, ["compile", "tf32"])
+    assert [name for name, _ in made.calls] == ["trial_settle.json", "trial_baseline.json"]
+    planned = len(runner.schedule(2))
+    assert account["not_run"] == {runner.NO_BASELINE: planned - 2}
+    assert [(r["status"], r["error"]) for r in records] == [("skipped", "the baseline run measured no steps")] * 2
