@@ -71,15 +71,18 @@ def split_by_optimizer(events: list) -> tuple[set[str], set[str]]:
             {op for op, open_ in ops if nvtx_names.CLOSURE in open_})
 
 
-CLOSURE_LOOP = """
-opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-
+# the closure every loop below gives its optimizer: zero_grad, forward, loss, backward
+CLOSURE = """
 def closure():
     opt.zero_grad()
     loss = model(x).square().mean()
     loss.backward()
     return loss
+"""
 
+CLOSURE_LOOP = """
+opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+""" + CLOSURE + """
 for _ in range(6):
     opt.step(CALL)
 """
@@ -102,13 +105,7 @@ def test_a_closures_forward_and_backward_are_not_optimizer_work(tmp_path, call):
 
 LBFGS_LOOP = """
 opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=4)
-
-def closure():
-    opt.zero_grad()
-    loss = model(x).square().mean()
-    loss.backward()
-    return loss
-
+""" + CLOSURE + """
 for _ in range(4):
     opt.step(closure)
 """
@@ -314,13 +311,7 @@ class Lookahead(torch.optim.Optimizer):
         return self.inner.step(closure)
 
 opt = Lookahead(torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
-
-def closure():
-    opt.zero_grad()
-    loss = model(x).square().mean()
-    loss.backward()
-    return loss
-
+""" + CLOSURE + """
 for _ in range(6):
     opt.step(closure)
 """
