@@ -28,7 +28,8 @@ from gpudiag.version import __version__
 
 INSTRUCTIONS = ("gpudiag diagnoses GPU bottlenecks of PyTorch runs from Nsight Systems captures. Find runs with "
                 "list_runs, then read_steps / read_kernels / read_recommendations / read_ranks on a path (or a "
-                "list of a job's rank exports), and compare_runs to gate a change. Times are ns per measured step "
+                "list of a job's rank exports), compare_runs to gate a change, and read_patch for a measured win's "
+                "verified diff of the user's script. Times are ns per measured step "
                 "unless a key says otherwise.")
 # Captures to list: run directories hold this export; loose exports end so. run.sqlite is gpudiag's
 # own run database, not an export.
@@ -167,7 +168,26 @@ def read_ranks(path: Paths) -> dict[str, Any]:
             **{k: v for k, v in section.items() if k not in ("ranks", "straggler", "slowest")}}
 
 
-TOOLS = (list_runs, read_summary, read_steps, read_kernels, read_recommendations, read_ranks, compare_runs)
+def read_patch(run_dir: str, change: str | None = None) -> dict[str, Any]:
+    """The verified patch of a measured win, to apply to the user's files: change, diff (a unified
+    diff, paths relative to script_dir, for ``git apply`` there), script_dir, files (path,
+    sha256_before, sha256_after), verification (status "verified", saving_percent,
+    saving_ci_percent, trial_saving_percent). ``change`` None: the largest measured win's. An
+    error when the patch is not verified, or a file changed since the run."""
+    from gpudiag.app.apply import apply
+
+    try:
+        done = apply(Path(run_dir).expanduser(), change, dry_run=True)
+    except UserError as exc:
+        raise ToolError(exc.format_message()) from None
+    if (done.patch.verification or {}).get("status") != "verified":
+        state = (done.patch.verification or {}).get("status", "not verified")
+        raise ToolError(f"{done.patch.change}: the patch is {state}, not verified; its diff is in "
+                        f"{Path(run_dir) / 'changes' / (done.patch.change + '.patch')}")
+    return {"run_dir": run_dir, **done.patch.summary()}
+
+
+TOOLS = (list_runs, read_summary, read_steps, read_kernels, read_recommendations, read_ranks, compare_runs, read_patch)
 
 
 def build_server() -> MCPServer:

@@ -21,7 +21,8 @@ from gpudiag.mcp_server import build_server  # noqa: E402
 
 from conftest import EXPORTS, FIXTURES, ROOT  # noqa: E402
 
-TOOLS = {"list_runs", "read_summary", "read_steps", "read_kernels", "read_recommendations", "read_ranks", "compare_runs"}
+TOOLS = {"list_runs", "read_summary", "read_steps", "read_kernels", "read_recommendations", "read_ranks", "compare_runs",
+         "read_patch"}
 
 
 def cli_run(*args):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpudiag.app.options import AnalysisOptions
+from gpudiag.app.patches import DEFAULT_PATCH_BUDGET_S, VERIFY_CHOICES
 from gpudiag.app.profile_setup import (default_run_dir, prepare_run_dir, rank_run_dir, target, terminal_of_rank,
                                        under_torchrun)
 from gpudiag.app.profile_steps import (analyse_interrupted, cached_calibration, interrupted, keep_bare_run,
@@ -32,7 +33,8 @@ class ProfileRequest:
     injected); ``analysis`` (False: capture only); ``ncu`` with ``ncu_top`` kernel names and at most
     ``ncu_max_kernels`` launches; ``bare_run``; ``steps`` (the measured window, 0 the whole script)
     and ``run_to_end``; ``try_changes`` (auto, none or CHANGE,...) within ``try_budget_s`` seconds;
-    ``verify``; ``steps_from`` and ``warmup_steps`` as the analysis options."""
+    ``verify``; ``steps_from`` and ``warmup_steps`` as the analysis options; ``verify_patches``
+    (top, all, none: which measured wins' patches run to verify them) within ``patch_budget_s``."""
 
     script: Path | None
     script_args: tuple[str, ...] = ()
@@ -56,6 +58,8 @@ class ProfileRequest:
     verify: bool = False
     steps_from: str | None = None
     warmup_steps: int | None = None
+    verify_patches: str = "top"
+    patch_budget_s: float = DEFAULT_PATCH_BUDGET_S
 
 
 @dataclass
@@ -76,6 +80,8 @@ class Job:
     verify: bool
     asked_changes: list[str] | None = None  # --try: None chooses from the report, [] tries nothing
     try_budget_s: float = DEFAULT_BUDGET_S
+    verify_patches: str = "top"  # which measured wins' patches are run to verify them (app.patches)
+    patch_budget_s: float = DEFAULT_PATCH_BUDGET_S
 
 
 def _capture_and_report(job: Job, stage: StageTracker, feedback: Feedback) -> int:
@@ -176,6 +182,8 @@ def prepare(request: ProfileRequest) -> tuple[Job, bool]:
     stem = Path(script.rsplit(".", 1)[-1]) if isinstance(script, str) else script
     if request.nproc_per_node is not None:
         script, script_args = under_torchrun(script, script_args, request.nproc_per_node)
+    if request.verify_patches not in VERIFY_CHOICES:
+        raise UserError(f"--verify-patches {request.verify_patches!r}: use one of {', '.join(VERIFY_CHOICES)}")
     if request.ncu and not request.analysis:
         raise UserError("--ncu needs the analysis (it replays the top kernels the analysis finds): drop --no-analysis")
     warmup = 2 if request.warmup_steps is None else request.warmup_steps
@@ -202,7 +210,7 @@ def prepare(request: ProfileRequest) -> tuple[Job, bool]:
     prepare_run_dir(run_dir, request.force)
     job = Job(script, list(script_args), run_dir, config, nsys_exe, AnalysisOptions(request.steps_from, warmup),
               not request.bare_run, not request.analysis, request.ncu, request.ncu_top, request.ncu_max_kernels,
-              request.verify, asked, request.try_budget_s)
+              request.verify, asked, request.try_budget_s, request.verify_patches, request.patch_budget_s)
     return job, quiet
 
 

@@ -144,6 +144,7 @@ def keep_bare_run(bare: dict, run_dir: Path, status: dict) -> None:
 
 def run_trials(job, status: dict, feedback: Feedback) -> None:
     """Choose and run the trials, then rewrite report.json / report.html with them."""
+    from gpudiag.app.patches import hand_back
     from gpudiag.app.report import write_reports
     from gpudiag.trials import plan, results, runner
     from gpudiag.trials.framework_changes import name_switches
@@ -172,12 +173,15 @@ def run_trials(job, status: dict, feedback: Feedback) -> None:
                                              job.try_budget_s, echo=feedback.echo)
         results.attach(report, trials, left)
         report["trials_budget"] = account  # what the --try-budget bought (runner.budget_account)
+        report["patches"] = hand_back(job.script, job.script_args, job.run_dir, job.config, report, profiled,
+                                      job.verify_patches, job.patch_budget_s, echo=feedback.echo)
         feedback.show_trials(report)
     name_switches(report, profiled)  # a GD-MEASURED win names its framework's switch too
     write_reports(report, job.run_dir)
     # kept with the run, so that 'gpudiag report RUN_DIR' shows them again
     status.update(trials=report["trials"], trials_left_out=report["trials_left_out"],
-                  **({"trials_budget": report["trials_budget"]} if report.get("trials_budget") else {}))
+                  **({"trials_budget": report["trials_budget"]} if report.get("trials_budget") else {}),
+                  **({"patches": report["patches"]} if report.get("patches") else {}))
     (job.run_dir / STATUS_NAME).write_text(json.dumps(status, indent=1))
 
 

@@ -74,6 +74,8 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
             attach(result, status["trials"], status.get("trials_left_out") or [])
             if status.get("trials_budget"):
                 result["trials_budget"] = status["trials_budget"]
+            if status.get("patches"):  # gpudiag.app.patches.hand_back's summaries
+                result["patches"] = status["patches"]
         from gpudiag.trials.framework_changes import name_switches
 
         name_switches(result, status)  # the advice names the switch of the script's framework (Lightning, HF, ...)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from gpudiag.cli import apply as apply_cmd
 from gpudiag.cli import calibrate as calibrate_cmd
 from gpudiag.cli import gate as gate_cmd
 from gpudiag.cli import kernels as kernels_cmd
@@ -23,6 +24,7 @@ def cli() -> None:
     \b
     gpudiag profile train.py -- --epochs 1     profile a script on this GPU
     gpudiag report RUN_DIR_OR_SQLITE...        analyse a run, any nsys SQLite export, or a job's rank exports
+    gpudiag apply RUN_DIR [CHANGE]             apply a measured win's verified patch to your files
     gpudiag gate BASELINE CURRENT              fail CI on a GPU performance regression
     gpudiag calibrate                          measure this GPU's peaks (used by profile)
     gpudiag mcp                                serve the analysis to coding agents (MCP, stdio)
@@ -36,3 +38,4 @@ cli.add_command(gate_cmd.baseline)
 cli.add_command(calibrate_cmd.calibrate)
 cli.add_command(kernels_cmd.kernels)
 cli.add_command(mcp_cmd.mcp)
+cli.add_command(apply_cmd.apply)

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from gpudiag.app.options import AnalysisOptions
-from gpudiag.app.profile import DEFAULT_BUDGET_S, ProfileRequest
+from gpudiag.app.profile import DEFAULT_BUDGET_S, DEFAULT_PATCH_BUDGET_S, ProfileRequest
 from gpudiag.app.profile import profile as profile_workflow
 from gpudiag.app.progress import Feedback
 from gpudiag.cli.options import analysis_options
@@ -69,13 +69,19 @@ def terminal_feedback() -> Feedback:
                    "largest predicted changes run first, and the report says what the budget bought.")
 @click.option("--verify", is_flag=True, help="Time the reference kernel of each top fusion candidate at the recorded "
               "shapes on this GPU (eager vs fused vs torch.compile, outputs checked) and show it in the report.")
+@click.option("--verify-patches", type=click.Choice(["top", "all", "none"]), default="top", show_default=True,
+              help="Each measured win is written as a patch to your files (RUN_DIR/changes/CHANGE.patch); run the "
+                   "patched script bare against the unchanged one to verify the top one, all, or none.")
+@click.option("--patch-budget", type=click.FloatRange(min=1), default=DEFAULT_PATCH_BUDGET_S, show_default=True,
+              help="Seconds the verification of patches may take.")
 @analysis_options
 def profile(script: Path | None, script_args: tuple[str, ...], module: str | None, nproc_per_node: int | None,
             run_dir: Path | None, force: bool,
             nsys_path: str | None,
             detail_step: int | None, no_module_ranges: bool, no_op_ranges: bool, no_analysis: bool,
             use_ncu: bool, ncu_top: int, ncu_max_kernels: int, no_bare_run: bool, window_steps: int,
-            run_to_end: bool, try_changes: str, try_budget: float, verify: bool, options: AnalysisOptions) -> None:
+            run_to_end: bool, try_changes: str, try_budget: float, verify: bool, verify_patches: str,
+            patch_budget: float, options: AnalysisOptions) -> None:
     """Profile SCRIPT on this GPU and write a run directory with report.html and report.json.
 
     Arguments after ``--`` go to the script; its exit code becomes gpudiag's. If the script
@@ -101,6 +107,6 @@ def profile(script: Path | None, script_args: tuple[str, ...], module: str | Non
     request = ProfileRequest(script, script_args, module, nproc_per_node, run_dir, force, nsys_path, detail_step,
                              not no_module_ranges, not no_op_ranges, not no_analysis, use_ncu, ncu_top,
                              ncu_max_kernels, not no_bare_run, window_steps, run_to_end, try_changes, try_budget,
-                             verify, options.steps_from, options.warmup_steps)
+                             verify, options.steps_from, options.warmup_steps, verify_patches, patch_budget)
     _, code = profile_workflow(request, terminal_feedback())
     raise SystemExit(code)

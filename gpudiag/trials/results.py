@@ -202,6 +202,7 @@ def _empty(entry: dict, applied: dict, elapsed_s: float) -> dict:
             "baseline_spread_ns": None, "baseline_spread_percent": None, "steps": 0, "baseline_steps": 0,
             "warmup_s": None, "one_time_cost_s": None, "payback_steps": None, "result_difference": None,
             "error": None, "form": applied.get("form"), "applied": applied.get("applied") or [], "method": None,
+            "framework": applied.get("framework"),
             "elapsed_s": round(elapsed_s, 1)}
 
 

@@ -50,7 +50,7 @@ def header(meta: dict, status: dict | None, compiled: dict, device_peaks) -> dic
         # the provenance can run to hundreds of KB: it stays in script_status.json
         # trials: the report's own section (gpudiag.trials.results.attach)
         "script": {k: v for k, v in status.items() if k not in ("inductor_provenance", "trials", "trials_left_out",
-                                                                   "trials_budget")}
+                                                                   "trials_budget", "patches")}
         if status else None,
         "compiled": {**compiled, "dynamo": (status or {}).get("compile")} if compiled["graphs"] or (status or {}).get("compile") else None,
         "environment": {**meta.get("environment", {}),
