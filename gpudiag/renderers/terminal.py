@@ -202,8 +202,41 @@ def render_trials(result: dict, console: Console | None = None) -> None:
         console.print(Text(f"baselines: {note}"), highlight=False)
     if result.get("trials_budget"):
         console.print(Text(budget_text(result["trials_budget"])), highlight=False)
+    render_patches(result, console)
     render_recommendations(result, console, "recommendations (by conclusive measured saving where a trial ran, "
                                             "else predicted)")
+
+
+def patch_line(patch: dict) -> str:
+    """One line on a patch: made or not, its verification and the patched saving against the trial's."""
+    if not patch.get("made"):
+        where = f"; it goes {patch['where']}" if patch.get("where") else ""
+        snippet = f": {patch['snippet']}" if patch.get("snippet") else ""
+        return f"patch {patch['change']}: none ({patch.get('why_not')}){where}{snippet}"
+    v = patch.get("verification") or {}
+    line = f"patch {patch['change']}: {v.get('status', 'not verified')}"
+    if v.get("saving_ci_percent"):
+        ci = v["saving_ci_percent"]
+        line += f", patched script {fmt_pct(v.get('saving_percent'))} [{fmt_pct(ci[0])}, {fmt_pct(ci[1])}]"
+        if v.get("trial_ci_percent"):
+            tci = v["trial_ci_percent"]
+            line += f", its trial {fmt_pct(v.get('trial_saving_percent'))} [{fmt_pct(tci[0])}, {fmt_pct(tci[1])}]"
+    elif v.get("why"):
+        line += f" ({v['why']})"
+    return line + f"; changes/{patch['change']}.patch"
+
+
+def render_patches(result: dict, console: Console) -> None:
+    """The patches of the measured wins (:func:`patch_line` each), then the diff of the first
+    verified one and how to apply it."""
+    patches = result.get("patches") or []
+    for patch in patches:
+        console.print(Text(patch_line(patch)), highlight=False)
+    top = next((p for p in patches if p.get("made") and (p.get("verification") or {}).get("status") == "verified"), None)
+    if top is not None:
+        console.print(Text(top["diff"]), highlight=False, soft_wrap=True)
+        console.print(Text(f"apply it: gpudiag apply RUN_DIR {top['change']} (or git apply in {top['script_dir']})"),
+                      highlight=False)
 
 
 def render_communication(result: dict, console: Console) -> None:
