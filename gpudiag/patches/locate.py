@@ -190,14 +190,24 @@ def header_end(source: Source):
     return last
 
 
+def torch_import(source: Source):
+    """Where module-level code may first use ``torch``: the header's end when the header imports
+    it, else the first later module-level ``import torch`` line (scripts that set ``sys.path``
+    first); None when no module-level line binds the name ``torch``."""
+    end = header_end(source)
+    body = list(source.module.body)
+    limit = body.index(end) if end is not None else -1
+    for index, stmt in enumerate(body):
+        if isinstance(stmt, cst.SimpleStatementLine) and any(
+                isinstance(node, cst.Import) and any(a.asname is None and cst.helpers.get_full_name_for_node(
+                    a.name).split(".")[0] == "torch" for a in node.names) for node in stmt.body):
+            return end if index <= limit else stmt
+    return None
+
+
 def imports_torch(source: Source) -> bool:
-    """Whether a top-level ``import torch`` binds the name ``torch``."""
-    for stmt in source.module.body:
-        for node in m.findall(stmt, m.Import()):
-            if any(a.asname is None and cst.helpers.get_full_name_for_node(a.name).split(".")[0] == "torch"
-                   for a in node.names):
-                return True
-    return False
+    """Whether a module-level ``import torch`` binds the name ``torch``."""
+    return torch_import(source) is not None
 
 
 def option_strings(call: cst.Call) -> list[str]:

@@ -32,7 +32,8 @@ class FileEdit:
 @dataclasses.dataclass
 class Patch:
     """A change as a patch: ``made`` with the unified ``diff`` and its ``files``, or not made with
-    ``why_not``, the ``snippet`` to add by hand and ``where`` it goes; ``script_dir``: the folder
+    ``why_not``, the ``snippet`` to add by hand and ``where`` it goes; ``notes``: what the patch
+    replaced that the user may miss (an option's expression); ``script_dir``: the folder
     the paths are relative to (absolute); ``verification``: what running the patched script
     measured (:mod:`gpudiag.patches.verify`), None until then."""
 
@@ -44,6 +45,7 @@ class Patch:
     why_not: str | None = None
     snippet: str | None = None
     where: str | None = None
+    notes: list = dataclasses.field(default_factory=list)
     verification: dict | None = None
 
     def summary(self) -> dict:
@@ -124,7 +126,7 @@ def make_patch(script: Path, change: str, record: dict, script_args: list[str] |
         return Patch(change, False, folder, why_not="the recipe found nothing to change")
     texts = {s.path: s.text for s in plan.sources}
     diff = "".join(unified_diff(f.path, texts[f.path], f.after) for f in files)
-    return Patch(change, True, folder, diff=diff, files=[dataclasses.asdict(f) for f in files])
+    return Patch(change, True, folder, diff=diff, files=[dataclasses.asdict(f) for f in files], notes=plan.notes)
 
 
 def write(run_dir: Path, patch: Patch) -> Path:

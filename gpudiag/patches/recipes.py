@@ -48,6 +48,7 @@ class Plan:
     sources: list
     script_args: list = dataclasses.field(default_factory=list)
     edits: dict = dataclasses.field(default_factory=dict)
+    notes: list = dataclasses.field(default_factory=list)  # what the patch changed beyond the obvious
 
     @property
     def script(self) -> locate.Source:
@@ -55,6 +56,19 @@ class Plan:
 
     def of(self, source: locate.Source) -> Edits:
         return self.edits.setdefault(source.path, Edits(self.change))
+
+    def scoped(self, found: list[tuple], what: str) -> list[tuple]:
+        """``found`` ([(source, item)]) kept to the script's own when it has any, else to the one
+        other file of the folder that has them; raises NoPatch when several other files do (which
+        one the script runs is not certain)."""
+        own = [f for f in found if f[0] is self.script]
+        if own:
+            return own
+        files = list(dict.fromkeys(f[0].path for f in found))
+        if len(files) > 1:
+            raise NoPatch(f"{what} found in several files of the script's folder ({', '.join(files)}), none in the "
+                          "script: which one runs is not certain")
+        return found
 
 
 def framework_of(record: dict) -> str | None:
@@ -84,30 +98,29 @@ def make(plan: Plan, record: dict) -> None:
 # ---- keywords on calls -----------------------------------------------------------------------------
 
 def set_keyword(plan: Plan, source, call: cst.Call, name: str, value: str) -> None:
-    """``name=value`` on ``call``: added, or replacing a literal, or replacing the literal argparse
-    default of ``args.NAME``; raises NoPatch for any other expression (docs/patches.md, "Keywords")."""
+    """``name=value`` on ``call`` (docs/patches.md, "Keywords"): added, or replacing a literal, or
+    replacing the literal argparse default of ``args.NAME`` when the run's command line does not set
+    that option; any other expression is replaced by the value at the call, as the trial replaced
+    it there, and :attr:`Plan.notes` says what the script computed before."""
     given = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == name), None)
     if given is None or locate.is_literal(given):
         plan.of(source).set_keyword(call, name, value)
         return
     if isinstance(given, cst.Attribute) and isinstance(given.value, cst.Name):
         found = locate.argparse_default(source, given.attr.value)
-        if found is not None:
-            flags = [o for o in locate.option_strings(found[0]) if o.startswith("-")]
-            given_flags = [a for a in plan.script_args if a.split("=")[0] in flags]
-            if given_flags:  # the run's own command line sets it: a new default would change nothing
-                raise NoPatch(f"the command line sets {given_flags[0].split('=')[0]}: change it there, not the "
-                              "script", f"{flags[-1]} {value}", "the script's command line")
+        flags = [o for o in locate.option_strings(found[0]) if o.startswith("-")] if found else []
+        if found is not None and not any(a.split("=")[0] in flags for a in plan.script_args):
             plan.of(source).replace(found[1], value)
             return
-    raise NoPatch(f"{locate.callee(call)}() takes {name} from an expression ({source.code(given)}) gpudiag cannot "
-                  "change with certainty", f"{name}={value}", f"{source.path}: the {locate.callee(call)}(...) call")
+    plan.of(source).set_keyword(call, name, value)
+    plan.notes.append(f"{source.path}: {locate.callee(call)}({name}=...) took {source.code(given)}, now {value} as the "
+                      "trial measured it (the option behind it no longer acts there)")
 
 
 def framework_switch(plan: Plan, framework: str) -> None:
     names, keyword, value, flag = FRAMEWORK_KEYWORDS[plan.change][framework]
-    found = [(s, c) for s in plan.sources if set(FRAMEWORK_IMPORTS[framework]) & locate.imports_of(s)
-             for name in names for c in locate.calls(s, name)]
+    found = plan.scoped([(s, c) for s in plan.sources if set(FRAMEWORK_IMPORTS[framework]) & locate.imports_of(s)
+                         for name in names for c in locate.calls(s, name)], f"{names[0]}(...) calls")
     if not found:
         parsed = any("HfArgumentParser" in s.text for s in plan.sources)
         if parsed and flag:
@@ -135,10 +148,11 @@ def models(plan: Plan, record: dict) -> list[tuple]:
     """[(source, target, site statement)] of the models the trial changed: bound from their class's
     constructor, else passed to an optimizer as ``M.parameters()``. Raises NoPatch when none is
     found or one is bound in more than one block."""
-    found = [(s, t) for name in model_classes(record) for s in plan.sources for t in locate.bound_by_class(s, name)]
+    found = plan.scoped([(s, t) for name in model_classes(record) for s in plan.sources
+                         for t in locate.bound_by_class(s, name)], "the model's construction")
     if not found:
-        found = [(s, t) for s in plan.sources for c in locate.optimizer_calls(s)
-                 if (t := locate.model_of_optimizer(s, c))]
+        found = plan.scoped([(s, t) for s in plan.sources for c in locate.optimizer_calls(s)
+                             if (t := locate.model_of_optimizer(s, c))], "optimizers over a model's parameters")
     found = list(dict.fromkeys(found))
     names = ", ".join(model_classes(record)) or "the model"
     if not found:
@@ -251,7 +265,9 @@ def half_weights(plan: Plan, record: dict) -> None:
 
 
 def static_cache(plan: Plan, record: dict, compiled: bool) -> None:
-    found = [(s, c) for s in plan.sources for c in m.findall(s.module, m.Call(func=m.Attribute(attr=m.Name("generate"))))]
+    found = plan.scoped([(s, c) for s in plan.sources
+                         for c in m.findall(s.module, m.Call(func=m.Attribute(attr=m.Name("generate"))))],
+                        ".generate(...) calls")
     if not found:
         raise NoPatch("no .generate(...) call in the script's folder", 'cache_implementation="static"',
                       "on the model's generate() call")
@@ -266,7 +282,8 @@ def optimizer(plan: Plan, record: dict) -> None:
     for line in record.get("applied") or []:
         for name, kind in re.findall(r"(\w+)\((fused|foreach)=True\)", line):
             wanted[name] = kind
-    found = [(s, c) for s in plan.sources for c in locate.optimizer_calls(s, set(wanted))]
+    found = plan.scoped([(s, c) for s in plan.sources for c in locate.optimizer_calls(s, set(wanted))],
+                        "optimizer constructors")
     if not found:
         raise NoPatch("no torch.optim constructor of the script's folder matches what the trial changed "
                       f"({', '.join(wanted) or 'none recorded'})", "fused=True", "in the optimizer's constructor call")
@@ -281,7 +298,7 @@ def _header(plan: Plan, code: str, conflict: str, why: str) -> None:
     source = plan.script
     if re.search(conflict, source.text):
         raise NoPatch(why, code, f"{source.path}: after the imports, in place of the script's own setting")
-    end = locate.header_end(source)
+    end = locate.torch_import(source) or locate.header_end(source)
     if end is None:
         raise NoPatch(f"{source.path} does not start with its imports", code, f"{source.path}: after the imports")
     plan.of(source).insert_after(end, code)
@@ -299,19 +316,20 @@ def cudnn_benchmark(plan: Plan, record: dict) -> None:
 
 
 def _loaders(plan: Plan) -> list[tuple]:
-    found = [(s, c) for s in plan.sources for c in locate.calls(s, "DataLoader")]
+    found = plan.scoped([(s, c) for s in plan.sources for c in locate.calls(s, "DataLoader")], "DataLoader(...) calls")
     if not found:
         raise NoPatch("no DataLoader(...) call in the script's folder (a framework or a library builds it)",
                       "num_workers=N, persistent_workers=True, pin_memory=True", "the DataLoader(...) call")
     return found
 
 
-def _non_blocking(plan: Plan) -> None:
-    """``non_blocking=True`` on ``.to(...)``/``.cuda()`` of the names a loader loop's target binds."""
-    loaders = {t for s in plan.sources for node in m.findall(s.module, m.Assign())
+def _non_blocking(plan: Plan, sources: list) -> None:
+    """``non_blocking=True`` on ``.to(...)``/``.cuda()`` of the names a loader loop's target binds,
+    in ``sources`` (the files whose loaders were changed)."""
+    loaders = {t for s in sources for node in m.findall(s.module, m.Assign())
                if isinstance(node.value, cst.Call) and locate.callee(node.value) == "DataLoader"
                for t in (s.code(x.target) for x in node.targets)}
-    for source in plan.sources:
+    for source in sources:
         for loop in m.findall(source.module, m.For()):
             iterated = source.code(loop.iter)
             if not any(re.search(r"(?<![\w.])" + re.escape(n) + r"(?!\w)", iterated) for n in loaders) \
@@ -327,18 +345,20 @@ def _non_blocking(plan: Plan) -> None:
 def loader_workers(plan: Plan, record: dict) -> None:
     text = " ".join(record.get("applied") or [])
     target = re.search(r"num_workers \S+ -> (\d+)", text)
-    for source, call in _loaders(plan):
+    found = _loaders(plan)
+    for source, call in found:
         if target:
             set_keyword(plan, source, call, "num_workers", target.group(1))
             set_keyword(plan, source, call, "persistent_workers", "True")
         set_keyword(plan, source, call, "pin_memory", "True")
-    _non_blocking(plan)
+    _non_blocking(plan, list(dict.fromkeys(s for s, _c in found)))
 
 
 def pin_memory(plan: Plan, record: dict) -> None:
-    for source, call in _loaders(plan):
+    found = _loaders(plan)
+    for source, call in found:
         set_keyword(plan, source, call, "pin_memory", "True")
-    _non_blocking(plan)
+    _non_blocking(plan, list(dict.fromkeys(s for s, _c in found)))
 
 
 def kernels(plan: Plan, record: dict) -> None:

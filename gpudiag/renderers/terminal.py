@@ -232,6 +232,8 @@ def render_patches(result: dict, console: Console) -> None:
     patches = result.get("patches") or []
     for patch in patches:
         console.print(Text(patch_line(patch)), highlight=False)
+        for note in patch.get("notes") or []:
+            console.print(Text(f"  note: {note}"), highlight=False)
     top = next((p for p in patches if p.get("made") and (p.get("verification") or {}).get("status") == "verified"), None)
     if top is not None:
         console.print(Text(top["diff"]), highlight=False, soft_wrap=True)
