@@ -127,3 +127,18 @@ def test_read_ranks_takes_a_jobs_rank_exports_as_a_list(tmp_path):
     assert len(ranks["ranks"]) == 2 and ranks["ranks"] == data["ranks"]
     assert ranks["straggler"] == data.get("straggler", data.get("slowest")) and ranks["straggler"] is not None
     assert answer(single)["ranks"] == []  # one process: no ranks table
+
+
+def test_read_patch_returns_the_verified_diff_and_refuses_the_rest(tmp_path):
+    """read_patch answers with the diff git applies; an unverified patch is the tool's error."""
+    from test_apply import _run
+
+    run_dir, script = _run(tmp_path / "verified")
+    other, _ = _run(tmp_path / "unverified", status="inconclusive")
+    _, (ok, refused) = calls(build_server(), ("read_patch", {"run_dir": str(run_dir)}),
+                             ("read_patch", {"run_dir": str(other), "change": "fused-optimizer"}))
+    patch = answer(ok)
+    assert patch["change"] == "fused-optimizer" and patch["verification"]["status"] == "verified"
+    assert patch["diff"] == (run_dir / "changes" / "fused-optimizer.patch").read_text()
+    assert patch["script_dir"] == str(script.parent.resolve()) and "after" not in patch["files"][0]
+    assert refused.is_error and "not verified" in refused.content[0].text

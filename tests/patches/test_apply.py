@@ -27,7 +27,7 @@ for step in range(3):
 
 def _run(tmp_path: Path, status: str = "verified") -> tuple[Path, Path]:
     folder = tmp_path / "project"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     script = folder / "train.py"
     script.write_bytes(SCRIPT.encode())
     run_dir = tmp_path / "run"
