@@ -150,15 +150,14 @@ def set_keywords(call: cst.Call, wanted: dict[str, str]) -> cst.Call:
 
 
 def _separator(call: cst.Call, args: list[cst.Arg]):
-    """The whitespace after a comma between two arguments when they are one per line, else None."""
-    if len(args) >= 2:
-        between = args[-2].comma
-        if isinstance(between, cst.Comma) and isinstance(between.whitespace_after, cst.ParenthesizedWhitespace):
-            return between.whitespace_after
+    """The whitespace after a comma between two arguments when the arguments are one per line
+    (every break between them a line break), else None (append inline)."""
+    breaks = [a.comma.whitespace_after for a in args[:-1] if isinstance(a.comma, cst.Comma)]
+    if len(args) == 1:  # f(\n    x\n): the break after the parenthesis decides
+        breaks = [call.whitespace_before_args]
+    if len(breaks) != max(len(args) - 1, 1) or not all(isinstance(b, cst.ParenthesizedWhitespace) for b in breaks):
         return None
-    if args and isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
-        return call.whitespace_before_args
-    return None
+    return breaks[-1]
 
 
 def _append(call: cst.Call, args: list[cst.Arg], missing: list[tuple[str, str]]) -> list[cst.Arg]:

@@ -66,15 +66,23 @@ def folder_files(script: Path) -> list[str]:
 
 
 def _sources(script: Path) -> list[locate.Source]:
-    """The parsed files (the script first); a file of the folder that does not parse is left out,
-    the script itself raises NoPatch."""
-    out = []
-    for name in folder_files(script):
-        try:
-            out.append(locate.Source.parse(script.parent, name))
-        except Exception as exc:  # noqa: BLE001 - libcst's syntax error, an undecodable file: never a traceback
-            if name == script.name:
-                raise recipes.NoPatch(f"{name} could not be parsed ({type(exc).__name__}): no patch") from None
+    """The script and the modules of its folder it imports, directly or through one another,
+    parsed (the script first): only they can hold what its run did. A module that does not parse
+    is left out; the script itself raises NoPatch."""
+    try:
+        first = locate.Source.parse(script.parent, script.name)
+    except Exception as exc:  # noqa: BLE001 - libcst's syntax error, an undecodable file: never a traceback
+        raise recipes.NoPatch(f"{script.name} could not be parsed ({type(exc).__name__}): no patch") from None
+    local = {Path(name).stem: name for name in folder_files(script)[1:]}
+    out, todo = [first], [first]
+    while todo:
+        for stem in sorted(locate.imports_of(todo.pop()) & set(local)):
+            try:
+                source = locate.Source.parse(script.parent, local.pop(stem))
+            except Exception:  # noqa: BLE001 - as above: that module is left out
+                continue
+            out.append(source)
+            todo.append(source)
     return out
 
 
