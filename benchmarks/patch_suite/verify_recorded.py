@@ -2,7 +2,7 @@
 measured on the same kind of GPU), then verified by running the patched script bare, interleaved
 with the unchanged one (gpudiag.patches.verify), without profiling the script again.
 
-    python benchmarks/patch_suite/verify_recorded.py REPORT_JSON[.xz] SCRIPT -o OUT_DIR [--budget S] [-- ARGS]
+    python benchmarks/patch_suite/verify_recorded.py -o OUT_DIR [--budget S] REPORT_JSON[.xz] SCRIPT [-- ARGS]
 
 ARGS default to the recorded run's own arguments. OUT_DIR gets changes/<change>.json and .patch,
 the runs' status files, and verify_recorded.json: script, change, the trial's saving and interval,
