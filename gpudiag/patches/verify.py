@@ -51,8 +51,10 @@ def _percent_interval(record: dict) -> list[float] | None:
 
 def judge(patched: dict, trial: dict) -> tuple[str, str]:
     """(status, why in words) of a patch from its runs' record ``patched`` and the trial's record,
-    both :func:`gpudiag.trials.results.trial_result` records: "verified" only when the patched
-    saving's interval excludes zero and overlaps the trial's (as % of each one's baseline step)."""
+    both :func:`gpudiag.trials.results.trial_result` records: "verified" when the patched runs
+    measured a saving whose interval lies above zero and not below the trial's (as % of each one's
+    baseline step: overlapping it, or above it, which the reason says); else "failed", "changes
+    results", "slower", "inconclusive" or "saves less than its trial"."""
     state = patched.get("status")
     if state in ("failed", "over budget", "not applicable", "skipped"):
         return "failed", patched.get("error") or state
@@ -61,18 +63,20 @@ def judge(patched: dict, trial: dict) -> tuple[str, str]:
     mine, theirs = _percent_interval(patched), _percent_interval(trial)
     if mine is None:
         return "failed", "the patched runs measured no saving"
-    if mine[0] <= 0.0 <= mine[1] or state != "measured":
-        return "inconclusive", f"the patched saving's interval [{mine[0]:.1f}, {mine[1]:.1f}] % includes zero"
+    text = f"[{mine[0]:.1f}, {mine[1]:.1f}] %"
+    against = f" against the trial's [{theirs[0]:.1f}, {theirs[1]:.1f}] %" if theirs else ""
     if mine[1] < 0.0:
-        return "slower", f"the patched script is slower: [{mine[0]:.1f}, {mine[1]:.1f}] %"
+        return "slower", f"the patched script is slower: {text}"
+    if mine[0] <= 0.0 or state != "measured":
+        return "inconclusive", f"the patched saving {text} is not told from zero" + (
+            f" ({patched['verdict_reason']})" if patched.get("verdict_reason") else "")
     if theirs is not None and mine[1] < theirs[0]:
-        return "saves less than its trial", (f"[{mine[0]:.1f}, {mine[1]:.1f}] % against the trial's "
-                                             f"[{theirs[0]:.1f}, {theirs[1]:.1f}] %")
+        return "saves less than its trial", text + against
     if theirs is not None and mine[0] > theirs[1]:
-        return "saves more than its trial", (f"[{mine[0]:.1f}, {mine[1]:.1f}] % against the trial's "
-                                             f"[{theirs[0]:.1f}, {theirs[1]:.1f}] %: not the change the trial measured")
-    return VERIFIED, f"[{mine[0]:.1f}, {mine[1]:.1f}] %, the trial's [{theirs[0]:.1f}, {theirs[1]:.1f}] %" \
-        if theirs else f"[{mine[0]:.1f}, {mine[1]:.1f}] %"
+        # more than the trial measured is no reason to distrust the patch (issue 46: a patch is never
+        # verified when it fails, changes results or saves less); said, not hidden
+        return VERIFIED, f"{text}, more than the trial's [{theirs[0]:.1f}, {theirs[1]:.1f}] %"
+    return VERIFIED, text + against
 
 
 def verify(patch: Patch, script: Path | str, script_args: list[str], run_dir: Path, config, trial: dict,

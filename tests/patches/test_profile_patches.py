@@ -34,8 +34,7 @@ def test_profile_hands_back_the_measured_win_as_a_verified_patch(tmp_path, fake_
     (patch,) = report["patches"]
     assert patch["change"] == "loader-workers" and patch["made"] and "after" not in patch["files"][0]
     v = patch["verification"]
-    assert v["runs"] == {"baseline": 3, "patched": 2} and v["status"] in ("verified", "saves more than its trial",
-                                                                          "saves less than its trial"), v
+    assert v["runs"] == {"baseline": 3, "patched": 2} and v["status"] in ("verified", "saves less than its trial"), v
     assert v["saving_ci_percent"][0] > 0, v
     assert (run_dir / "changes" / "loader-workers.patch").read_text() == patch["diff"]
     assert f"patch loader-workers: {v['status']}" in result.output

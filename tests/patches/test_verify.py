@@ -64,7 +64,7 @@ def _record(saving_pct: float, lo: float, hi: float, status: str = "measured") -
 
 @pytest.mark.parametrize("patched, expected", [
     (_record(45, 35, 55), "verified"),            # overlaps the trial's 30-60 %
-    (_record(62, 61, 70), "saves more than its trial"),
+    (_record(62, 61, 70), "verified"),            # above the trial's: said in the reason
     (_record(20, 10, 25), "saves less than its trial"),
     (_record(5, -3, 12, "inconclusive"), "inconclusive"),
     (_record(-20, -30, -10), "slower"),
@@ -74,6 +74,7 @@ def _record(saving_pct: float, lo: float, hi: float, status: str = "measured") -
 def test_judge_sets_the_patched_interval_against_the_trials(patched, expected):
     status, why = verify.judge(patched, TRIAL)
     assert status == expected, why
+    assert ("more than the trial's [30.0, 60.0] %" in why) == (patched.get("saving_percent") == 62)
     # the trial's interval in % of its baseline step: 9.6/32 and 19.2/32
     assert verify._percent_interval(TRIAL) == pytest.approx([30.0, 60.0])
 
