@@ -29,11 +29,17 @@ export PYTHONPATH=$repo${PYTHONPATH:+:$PYTHONPATH}
 
 # spec NAME: sets REPORT and SCRIPT (the recorded run's arguments are used)
 spec() {
+  PREP=""
   case $1 in
     lightning_resnet50) REPORT=$FWDATA/call2-fw-gpu0/lightning_resnet50/report.json.xz; SCRIPT=$FW/lightning_resnet50.py ;;
     hf_trainer_bert)    REPORT=$FWDATA/call1-fw-gpu1/hf_trainer_bert/report.json.xz; SCRIPT=$FW/hf_trainer_bert.py ;;
     accelerate_accum)   REPORT=$FWDATA/call2-fw-gpu1/accelerate_accum/report.json.xz; SCRIPT=$FW/accelerate_accum.py ;;
     loader_bound)       REPORT=$FWDATA/call2-fw-gpu0/loader_bound/report.json.xz; SCRIPT=$FW/loader_bound.py ;;
+    accel_cv_example)   REPORT=$FWDATA/call3-fw-gpu1/accel_cv_example/report.json.xz
+                        SCRIPT=$repo/.frameworks/accelerate/examples/cv_example.py
+                        # its recorded arguments name /tmp/fw-runs-gpu1/data/pets: the data is made there
+                        PREP="$PYTHON $FW/make_data.py /tmp/fw-runs-gpu1/data --what images,timm-hub"
+                        export HF_HOME=/tmp/fw-runs-gpu1/data/hf HF_HUB_OFFLINE=1 ;;
     zoo_gnn)            REPORT=$TRIALS/gnn_h200/report.json.xz; SCRIPT=$ZOO/gnn_train.py ;;
     zoo_lstm)           REPORT=$TRIALS/lstm_h200/report.json.xz; SCRIPT=$ZOO/lstm_lm_train.py ;;
     zoo_vit)            REPORT=$TRIALS/vit_h100/report.json.xz; SCRIPT=$ZOO/timm_fp32_train.py ;;
@@ -44,7 +50,7 @@ spec() {
 }
 
 if [ "${1:-}" = "--list" ]; then
-  for n in lightning_resnet50 hf_trainer_bert accelerate_accum loader_bound zoo_gnn zoo_lstm zoo_vit zoo_decoder zoo_seq2seq; do
+  for n in lightning_resnet50 hf_trainer_bert accelerate_accum loader_bound accel_cv_example zoo_gnn zoo_lstm zoo_vit zoo_decoder zoo_seq2seq; do
     spec "$n"; echo "$n ${SCRIPT#$repo/} ${REPORT#$repo/}"; done
   exit 0
 fi
@@ -64,6 +70,7 @@ for name in "${names[@]}"; do
   if [ $left -lt "$REC_MIN_START" ]; then echo "skipped: ${left} s left" | tee "$out/$name/skipped.txt"; continue; fi
   budget=$(( left - 20 < REC_BUDGET ? left - 20 : REC_BUDGET ))
   cwd=$(mktemp -d)
+  if [ -n "$PREP" ]; then $PREP > "$out/$name/prep.log" 2>&1 || echo "prep failed" >> "$out/$name/prep.log"; fi
   echo "=== $name ($left s left, verification budget $budget s)"
   (cd "$cwd" && timeout -k 10 $((left - 5)) "$PYTHON" "$here/verify_recorded.py" -o "$out/$name" --budget "$budget" \
      "$REPORT" "$SCRIPT") > "$out/$name/log.txt" 2>&1
