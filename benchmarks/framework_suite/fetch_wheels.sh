@@ -15,6 +15,8 @@
 # where it pins them, so the device runs what CI tests):
 #   gpudiag:       sqlite-utils (+ sqlite-fts4, click-default-group; it needs click >= 8.3.1, so
 #                  click 8.5.1 travels too), plotly, adbc-driver-sqlite (+ adbc-driver-manager)
+#   gpudiag's patches (docs/patches.md; benchmarks/patch_suite): libcst (its one need on Python 3.12,
+#                  pyyaml, is in the image)
 #   run_clm.py:    datasets, evaluate (imported at the top; evaluate.load is only called with
 #                  --do_eval, which the suite does not pass), dill, multiprocess
 # Left out on purpose: connectorx (a 57 MB wheel; gpudiag's columnar reader falls back to pandas
@@ -36,6 +38,7 @@ wheels=(
   sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group==1.2.4 click==8.5.1
   plotly==7.1.0
   adbc-driver-sqlite==1.13.0 adbc-driver-manager==1.13.0
+  libcst==1.9.0
   datasets==5.2.0 evaluate==0.4.6 dill==0.4.1 multiprocess==0.70.19
 )
 "$PYTHON" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
