@@ -144,27 +144,46 @@ def mentions(source: Source, stmt, target: str) -> bool:
 
 
 def model_site(source: Source, target: str):
-    """The statement after which the model ``target`` is complete (docs/patches.md: the last
-    binding, in the one block that binds it, before its first other use); None when it is bound in
-    no block or in more than one."""
+    """The statement after which the model ``target`` is complete (docs/patches.md): in the block
+    that holds every binding of it (directly, or inside if/with/try statements of that block, as
+    ``if pretrained: model = a() else: model = b()`` then ``model = DataParallel(model)``), the last
+    statement holding a binding before the first other use of ``target``. None when it is never
+    bound, or bound in different functions or classes (which one runs is not certain)."""
     stmts = bindings(source, target)
-    blocks = {id(source.block_of(s)) for s in stmts}
-    if not stmts or len(blocks) != 1:
+    if not stmts:
         return None
-    block = source.block_of(stmts[0])
+    paths = [[s, *source.ancestors(s)] for s in stmts]
+    common = [n for n in paths[0] if all(any(n is a for a in p) for p in paths[1:]) and isinstance(n, BLOCKS)]
+    if not common:
+        return None
+    block = common[0]
+    tops = []
+    for path in paths:
+        below = path[:next(i for i, n in enumerate(path) if n is block)]
+        if any(isinstance(n, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) for n in below):
+            return None  # bound in another function than the block's: not the same run
+        tops.append(below[-1])
     body = list(block.body)
-    ids = {id(s) for s in stmts}
+    ids = {id(t) for t in tops}
     first = min(i for i, s in enumerate(body) if id(s) in ids)
     use = next((i for i in range(first + 1, len(body)) if id(body[i]) not in ids
                 and mentions(source, body[i], target)), len(body))
     return body[max(i for i in range(first, use) if id(body[i]) in ids)]
 
 
+def constructor(call: cst.Call) -> cst.Call:
+    """The innermost call of a method chain: ``DataParallel(model).cuda()`` -> ``DataParallel(model)``."""
+    while isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Call):
+        call = call.func.value
+    return call
+
+
 def bound_by_class(source: Source, class_name: str) -> list[str]:
-    """Targets assigned from a call to ``class_name`` (``model = Net(...)``, ``self.net = Net()``)."""
+    """Targets assigned from a call to ``class_name`` (``model = Net(...)``, ``self.net = Net()``,
+    ``model = DataParallel(model).cuda()``)."""
     out = []
     for node in m.findall(source.module, m.Assign()):
-        if isinstance(node.value, cst.Call) and callee(node.value) == class_name and len(node.targets) == 1:
+        if isinstance(node.value, cst.Call) and callee(constructor(node.value)) == class_name and len(node.targets) == 1:
             out.append(source.code(node.targets[0].target))
     return list(dict.fromkeys(out))
 
