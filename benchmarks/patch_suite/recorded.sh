@@ -40,6 +40,10 @@ spec() {
                         # its recorded arguments name /tmp/fw-runs-gpu1/data/pets: the data is made there
                         PREP="$PYTHON $FW/make_data.py /tmp/fw-runs-gpu1/data --what images,timm-hub"
                         export HF_HOME=/tmp/fw-runs-gpu1/data/hf HF_HUB_OFFLINE=1 ;;
+    pt_mnist)           REPORT=$repo/benchmarks/data/patch_suite/h200-2026-11-28/call7/ps-gpu0/pt_mnist/report.json
+                        SCRIPT=$repo/.examples/mnist/main.py
+                        # it reads ../data from its working directory (a fresh one under /tmp)
+                        PREP="$PYTHON $here/make_data.py /tmp/data --what mnist --mnist-root /tmp/data" ;;
     zoo_gnn)            REPORT=$TRIALS/gnn_h200/report.json.xz; SCRIPT=$ZOO/gnn_train.py ;;
     zoo_lstm)           REPORT=$TRIALS/lstm_h200/report.json.xz; SCRIPT=$ZOO/lstm_lm_train.py ;;
     zoo_vit)            REPORT=$TRIALS/vit_h100/report.json.xz; SCRIPT=$ZOO/timm_fp32_train.py ;;
@@ -50,7 +54,7 @@ spec() {
 }
 
 if [ "${1:-}" = "--list" ]; then
-  for n in lightning_resnet50 hf_trainer_bert accelerate_accum loader_bound accel_cv_example zoo_gnn zoo_lstm zoo_vit zoo_decoder zoo_seq2seq; do
+  for n in lightning_resnet50 hf_trainer_bert accelerate_accum loader_bound accel_cv_example pt_mnist zoo_gnn zoo_lstm zoo_vit zoo_decoder zoo_seq2seq; do
     spec "$n"; echo "$n ${SCRIPT#$repo/} ${REPORT#$repo/}"; done
   exit 0
 fi

@@ -103,6 +103,16 @@ def set_keyword(plan: Plan, source, call: cst.Call, name: str, value: str) -> No
     that option; any other expression is replaced by the value at the call, as the trial replaced
     it there, and :attr:`Plan.notes` says what the script computed before."""
     given = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == name), None)
+    if given is None and any(a.star == "**" for a in call.args):
+        unpacked = _in_unpacked_dict(source, call, name)
+        if unpacked is None:  # no dict the call unpacks holds it: a keyword beside them cannot clash
+            plan.of(source).set_keyword(call, name, value)
+        elif locate.is_literal(unpacked):  # the dict's own entry, where the script sets it
+            plan.of(source).replace(unpacked, value)
+        else:
+            raise NoPatch(f"{name} comes from an expression in a dict {locate.callee(call)}() unpacks",
+                          f"{name}={value}", f"{source.path}: that dict")
+        return
     if given is None or locate.is_literal(given):
         plan.of(source).set_keyword(call, name, value)
         return
@@ -115,6 +125,40 @@ def set_keyword(plan: Plan, source, call: cst.Call, name: str, value: str) -> No
     plan.of(source).set_keyword(call, name, value)
     plan.notes.append(f"{source.path}: {locate.callee(call)}({name}=...) took {source.code(given)}, now {value} as the "
                       "trial measured it (the option behind it no longer acts there)")
+
+
+def _in_unpacked_dict(source, call: cst.Call, name: str):
+    """The value of key ``name`` in the dict literals a call unpacks (``f(**kw)``, where
+    ``kw = {...}`` and ``kw.update(other)`` with ``other = {...}``), or None when none holds it.
+    Raises NoPatch when a dict is built otherwise (``kw[k] = v``, a non-literal update) or two
+    literals hold the key: the value the call gets is not certain."""
+    names = [a.value.value for a in call.args if a.star == "**" and isinstance(a.value, cst.Name)]
+    if len(names) != sum(a.star == "**" for a in call.args):
+        raise NoPatch(f"{locate.callee(call)}() unpacks keywords from an expression gpudiag cannot read",
+                      f"{name}=...", f"{source.path}: the {locate.callee(call)}(...) call")
+    seen, todo, literals = set(), list(names), []
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for node in m.findall(source.module, m.Assign(targets=[m.AssignTarget(target=m.Name(current))])):
+            if not isinstance(node.value, cst.Dict):
+                raise NoPatch(f"{current} is built by an expression, not a dict literal", f"{name}=...",
+                              f"{source.path}: where {current} is built")
+            literals.append(node.value)
+        for node in m.findall(source.module, m.Call(func=m.Attribute(value=m.Name(current), attr=m.Name("update")))):
+            if not (node.args and isinstance(node.args[0].value, cst.Name)):
+                raise NoPatch(f"{current}.update(...) takes an expression", f"{name}=...", f"{source.path}")
+            todo.append(node.args[0].value.value)
+        if m.findall(source.module, m.AssignTarget(target=m.Subscript(value=m.Name(current)))):
+            raise NoPatch(f"{current}[...] is assigned: the keywords the call gets are not certain", f"{name}=...",
+                          f"{source.path}")
+    values = [e.value for d in literals for e in d.elements if isinstance(e, cst.DictElement)
+              and isinstance(e.key, cst.SimpleString) and e.key.evaluated_value == name]
+    if len(values) > 1:
+        raise NoPatch(f"{name} is set in {len(values)} dicts the call unpacks", f"{name}=...", f"{source.path}")
+    return values[0] if values else None
 
 
 def framework_switch(plan: Plan, framework: str) -> None:
