@@ -10,6 +10,7 @@ module. Shapes of the keyword rule: docs/patches.md, "Keywords".
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import libcst as cst
 
@@ -38,28 +39,33 @@ class Edits:
     wraps: dict = dataclasses.field(default_factory=dict)    # first statement id -> (last id, with item code)
     keywords: dict = dataclasses.field(default_factory=dict)  # call id -> {keyword: value code}
     values: dict = dataclasses.field(default_factory=dict)   # expression id -> new value code
+    uses_torch: bool = False  # an edit writes code that names torch (the file may need `import torch`)
+
+    def _note(self, code: str) -> str:
+        self.uses_torch = self.uses_torch or bool(re.search(r"(?<![\w.])torch\.", code))
+        return code
 
     def insert_after(self, stmt, code: str) -> None:
-        self.after.setdefault(id(stmt), []).extend(with_comment(statements(code), self.change))
+        self.after.setdefault(id(stmt), []).extend(with_comment(statements(self._note(code)), self.change))
 
     def add_import(self, stmt, code: str) -> None:
         """``code`` (an import) right after ``stmt``, before anything else inserted there, with no comment."""
         self.after[id(stmt)] = [*statements(code), *self.after.get(id(stmt), [])]
 
     def insert_before(self, stmt, code: str) -> None:
-        self.before.setdefault(id(stmt), []).extend(with_comment(statements(code), self.change))
+        self.before.setdefault(id(stmt), []).extend(with_comment(statements(self._note(code)), self.change))
 
     def insert_first(self, loop, code: str) -> None:
-        self.first_in.setdefault(id(loop), []).extend(with_comment(statements(code), self.change))
+        self.first_in.setdefault(id(loop), []).extend(with_comment(statements(self._note(code)), self.change))
 
     def wrap(self, first, last, item: str) -> None:
-        self.wraps[id(first)] = (id(last), item)
+        self.wraps[id(first)] = (id(last), self._note(item))
 
     def set_keyword(self, call, name: str, value: str) -> None:
-        self.keywords.setdefault(id(call), {})[name] = value
+        self.keywords.setdefault(id(call), {})[name] = self._note(value)
 
     def replace(self, expression, value: str) -> None:
-        self.values[id(expression)] = value
+        self.values[id(expression)] = self._note(value)
 
     def empty(self) -> bool:
         return not (self.before or self.after or self.first_in or self.wraps or self.keywords or self.values)

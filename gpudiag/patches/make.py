@@ -87,9 +87,9 @@ def _sources(script: Path) -> list[locate.Source]:
 
 
 def _with_torch_import(plan: recipes.Plan, source: locate.Source, new_code: str) -> str:
-    """Adds ``import torch`` after the imports of a file whose edits use ``torch.`` but that does
+    """Adds ``import torch`` after the imports of a file whose edits name ``torch`` but that does
     not import it; raises NoPatch when the file has no import to put it after."""
-    if "torch." not in new_code or locate.imports_torch(source):
+    if not plan.of(source).uses_torch or locate.imports_torch(source):
         return new_code
     end = locate.header_end(source)
     if end is None:
