@@ -18,9 +18,10 @@ PARTIAL_SUFFIX = ".partial"
 
 
 def partial(path: Path) -> Path:
-    """The temporary name ``path`` is written under until it is complete (hidden, same folder, so
-    the final rename is atomic)."""
-    return path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
+    """The temporary name ``path`` is written under until it is complete: hidden, in the same
+    folder (so the final rename is atomic), and this process's own (``.NAME.PID.partial``), so that
+    a second process writing the same folder neither writes into it nor removes it."""
+    return path.with_name(f".{path.name}.{os.getpid()}{PARTIAL_SUFFIX}")
 
 
 def commit(path: Path) -> Path:
@@ -60,7 +61,8 @@ def make_output_folder(out_dir: Path) -> Path | None:
 
 
 def _remove_partials(out_dir: Path) -> None:
-    for path in out_dir.glob(f".*{PARTIAL_SUFFIX}*"):  # also SQLite's -journal beside a partial database
+    """This process's partial files (another process's are its own to finish or remove)."""
+    for path in out_dir.glob(f".*.{os.getpid()}{PARTIAL_SUFFIX}*"):  # also SQLite's -journal beside a partial database
         path.unlink(missing_ok=True)
 
 

@@ -5,6 +5,7 @@ step window (the whole script when the window never opens), analysis, ``--ncu`` 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ class ProfileRequest:
     ``ncu_max_kernels`` launches; ``bare_run``; ``steps`` (the measured window, 0 the whole script)
     and ``run_to_end``; ``try_changes`` (auto, none or CHANGE,...) within ``try_budget_s`` seconds;
     ``verify``; ``steps_from`` and ``warmup_steps`` as the analysis options; ``verify_patches``
-    (top, all, none: which measured wins' patches run to verify them) within ``patch_budget_s``."""
+    (top, all, none: which measured wins' patches run to verify them) within ``patch_budget_s``;
+    ``wait`` for another process writing the run directory (False: fail at once, naming it)."""
 
     script: Path | None
     script_args: tuple[str, ...] = ()
@@ -60,6 +62,7 @@ class ProfileRequest:
     warmup_steps: int | None = None
     verify_patches: str = "top"
     patch_budget_s: float = DEFAULT_PATCH_BUDGET_S
+    wait: bool = True  # another process writing the run directory: wait for it (False: fail, naming it)
 
 
 @dataclass
@@ -170,11 +173,13 @@ def _capture_window(job: Job, bare: dict | None, stage: StageTracker, feedback: 
 
 
 
-def prepare(request: ProfileRequest) -> tuple[Job, bool]:
+def prepare(request: ProfileRequest, locks: contextlib.ExitStack | None = None) -> tuple[Job, bool]:
     """The checked :class:`Job` of ``request`` and whether this process is a quiet rank (its output
-    goes to terminal.log); creates the run directory. Raises UserError for a missing script or
-    module, conflicting options, an invalid step source or --try list, no nsys, or a run directory
-    that exists (without ``force``)."""
+    goes to terminal.log); creates the run directory, after taking its lock into ``locks`` when
+    given (:func:`gpudiag.app.lock.run_dir_lock`: one writer per run directory; ``request.wait``).
+    Raises UserError for a missing script or module, conflicting options, an invalid step source or
+    --try list, no nsys, a run directory that exists (without ``force``), or one another process
+    writes (with ``wait`` False)."""
     script, script_args = request.script, tuple(request.script_args)
     if request.module is not None and script is not None:  # with -m, click hands the module's first argument to SCRIPT
         script_args, script = (str(script), *script_args), None
@@ -207,6 +212,10 @@ def prepare(request: ProfileRequest) -> tuple[Job, bool]:
         raise UserError(str(exc)) from None
     run_dir, quiet = rank_run_dir(Path(request.run_dir) if request.run_dir else None, stem)
     run_dir = run_dir or default_run_dir(stem)
+    if locks is not None:
+        from gpudiag.app.lock import run_dir_lock
+
+        locks.enter_context(run_dir_lock(run_dir, request.wait))
     prepare_run_dir(run_dir, request.force)
     job = Job(script, list(script_args), run_dir, config, nsys_exe, AnalysisOptions(request.steps_from, warmup),
               not request.bare_run, not request.analysis, request.ncu, request.ncu_top, request.ncu_max_kernels,
@@ -228,6 +237,8 @@ def run(job: Job, quiet: bool = False, feedback: Feedback | None = None) -> int:
 
 
 def profile(request: ProfileRequest, feedback: Feedback | None = None) -> tuple[Path, int]:
-    """:func:`prepare` then :func:`run`: (the run directory, the exit code)."""
-    job, quiet = prepare(request)
-    return job.run_dir, run(job, quiet, feedback)
+    """:func:`prepare` then :func:`run`, holding the run directory's lock throughout: (the run
+    directory, the exit code)."""
+    with contextlib.ExitStack() as locks:
+        job, quiet = prepare(request, locks)
+        return job.run_dir, run(job, quiet, feedback)

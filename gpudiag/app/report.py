@@ -147,12 +147,13 @@ def analyse_and_report(export: Path | list[Path], out_dir: Path, options: Analys
     :func:`ingest_and_analyse`."""
     created = make_output_folder(out_dir)
     with written_or_removed(out_dir, created):  # also Ctrl-C: a half-written report folder only misleads
-        # the run database under its partial name until the reports are written (see commit)
+        # the run database under its partial name until it is complete; the reports only after it,
+        # so that report files never stand without the run database they were made from
         result = ingest_and_analyse(export, partial(out_dir / "run.sqlite"), options, status, ncu, calibration, top,
                                     notes, times)
+        commit(out_dir / "run.sqlite")
         with timed(times, "report files"):
             write_reports(result, out_dir)
-        commit(out_dir / "run.sqlite")
     if show is not None:
         show(result)
     return result
@@ -173,7 +174,8 @@ class ReportRequest:
     """What ``gpudiag report`` analyses: ``sources`` (one run directory or export, or the exports
     of one job's ranks: files, a folder, glob patterns), ``out_dir`` (None: the run directory, or
     gpudiag-reports/<name>), ``force`` (overwrite a report), ``ncu`` and ``peaks_file`` (as
-    :func:`gpudiag.app.inputs.analysis_inputs`), ``options``."""
+    :func:`gpudiag.app.inputs.analysis_inputs`), ``options``, ``wait`` (for another process
+    writing ``out_dir``: :func:`gpudiag.app.lock.run_dir_lock`)."""
 
     sources: tuple[Path, ...]
     options: AnalysisOptions
@@ -182,14 +184,26 @@ class ReportRequest:
     ncu: Path | None = None
     peaks_file: Path | None = None
     notes: list[str] = field(default_factory=list)  # filled: the terminal's lines about the ranks
+    wait: bool = True  # another process writing out_dir: wait for it (False: fail, naming it)
 
 
 def report(request: ReportRequest, show: Callable[[dict, Path], None] | None = None) -> dict:
     """The ``gpudiag report`` workflow: resolve the sources, refuse to overwrite anything of the
     user's, analyse and write the report; ``show(result, out_dir)`` prints it. Returns report.json's
     content. Raises UserError (one line naming the file) for anything that cannot be used."""
+    from gpudiag.app.lock import run_dir_lock
+
     exports, status, default_dir = resolve_sources(request.sources)
     out_dir = request.out_dir or default_dir
+    with run_dir_lock(out_dir, request.wait):
+        return _report_locked(request, exports, status, default_dir, out_dir, show)
+
+
+def _report_locked(request: ReportRequest, exports: list[Path], status, default_dir: Path, out_dir: Path,
+                   show: Callable[[dict, Path], None] | None) -> dict:
+    """:func:`report` while it holds ``out_dir``'s lock: the refusals, then the analysis and the
+    report files (a second process that waited sees the first one's files and refuses or, with
+    ``force``, writes its own)."""
     for export in exports:
         refuse_overwrites(export, out_dir, request.force)
     if len(exports) > 1 and request.ncu is not None:

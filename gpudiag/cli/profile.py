@@ -39,6 +39,8 @@ def terminal_feedback() -> Feedback:
                    "SCRIPT); every rank is instrumented and timed.")
 @click.option("-o", "--output", "run_dir", type=click.Path(path_type=Path), help="Run directory [default: gpudiag-runs/<script>-<timestamp>].")
 @click.option("--force", is_flag=True, help="Replace an existing run directory.")
+@click.option("--no-wait", is_flag=True, help="When another gpudiag process is writing the run directory, fail at once "
+              "(naming it) instead of waiting for it.")
 @click.option("--nsys", "nsys_path", help="Path of the nsys executable (else $GPUDIAG_NSYS, PATH, known install folders).")
 @click.option("--detail-step", type=int, default=None, help="Step recorded with per-op ranges and shapes [default: first step after warm-up].")
 @click.option("--no-module-ranges", is_flag=True, help="Do not inject per-module NVTX ranges.")
@@ -76,7 +78,7 @@ def terminal_feedback() -> Feedback:
               help="Seconds the verification of patches may take.")
 @analysis_options
 def profile(script: Path | None, script_args: tuple[str, ...], module: str | None, nproc_per_node: int | None,
-            run_dir: Path | None, force: bool,
+            run_dir: Path | None, force: bool, no_wait: bool,
             nsys_path: str | None,
             detail_step: int | None, no_module_ranges: bool, no_op_ranges: bool, no_analysis: bool,
             use_ncu: bool, ncu_top: int, ncu_max_kernels: int, no_bare_run: bool, window_steps: int,
@@ -107,6 +109,7 @@ def profile(script: Path | None, script_args: tuple[str, ...], module: str | Non
     request = ProfileRequest(script, script_args, module, nproc_per_node, run_dir, force, nsys_path, detail_step,
                              not no_module_ranges, not no_op_ranges, not no_analysis, use_ncu, ncu_top,
                              ncu_max_kernels, not no_bare_run, window_steps, run_to_end, try_changes, try_budget,
-                             verify, options.steps_from, options.warmup_steps, verify_patches, patch_budget)
+                             verify, options.steps_from, options.warmup_steps, verify_patches, patch_budget,
+                             wait=not no_wait)
     _, code = profile_workflow(request, terminal_feedback())
     raise SystemExit(code)

@@ -34,6 +34,8 @@ def show_report(result: dict, out_dir: Path, as_json: bool = False, notes: list[
               help="Where to write report.html, report.json and run.sqlite [default: the run directory, "
                    "or gpudiag-reports/<export name>/ for an export file].")
 @click.option("--force", is_flag=True, help="Overwrite an existing report.")
+@click.option("--no-wait", is_flag=True, help="When another gpudiag process is writing the output folder, fail at once "
+              "(naming it) instead of waiting for it.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout instead of the summary table.")
 @click.option("--ncu", "ncu", type=click.Path(path_type=Path),
               help="Nsight Compute report (.ncu-rep) of the same workload: measured FLOPs and DRAM bytes "
@@ -43,8 +45,8 @@ def show_report(result: dict, out_dir: Path, as_json: bool = False, notes: list[
                    "else datasheet values].")
 @analysis_options
 @rank_options
-def report(sources: tuple[Path, ...], out_dir: Path | None, force: bool, as_json: bool, ncu: Path | None,
-           peaks_file: Path | None, options: AnalysisOptions) -> None:
+def report(sources: tuple[Path, ...], out_dir: Path | None, force: bool, no_wait: bool, as_json: bool,
+           ncu: Path | None, peaks_file: Path | None, options: AnalysisOptions) -> None:
     """Analyse SOURCE, a gpudiag run directory or any nsys SQLite export (.sqlite or .sqlite.xz),
     or the exports of one job's ranks: several files, a folder of exports, or a quoted glob.
 
@@ -62,5 +64,5 @@ def report(sources: tuple[Path, ...], out_dir: Path | None, force: bool, as_json
         gpudiag report rank0.sqlite rank1.sqlite -o job-report
         gpudiag report 'exports/rank*.sqlite' --scheduler tcp://10.0.0.5:8786
     """
-    request = ReportRequest(sources, options, out_dir, force, ncu, peaks_file)
+    request = ReportRequest(sources, options, out_dir, force, ncu, peaks_file, wait=not no_wait)
     report_workflow(request, show=lambda result, folder: show_report(result, folder, as_json, request.notes))
