@@ -52,8 +52,11 @@ def run_dir_lock(folder: Path, wait: bool = True, echo=_to_stderr) -> Iterator[N
     """Hold ``folder``'s lock (:func:`lock_path`; its parent is created when missing) while the
     body writes. Busy: with ``wait``, say who holds it through ``echo`` and wait; else raise
     UserError naming the holder. The lock file stays (removing it would let a third process lock a
-    different file). Raises UserError when the parent folder cannot be written."""
+    different file), unless the folder does not exist at the end (a failed run removed it): then
+    the lock files go too, with the parent folders the lock created. Raises UserError when the
+    parent folder cannot be written."""
     folder = Path(os.path.abspath(folder))
+    created = next((p for p in reversed(folder.parents) if not p.exists()), None)  # the outermost we make
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(lock_path(folder))
@@ -62,8 +65,8 @@ def run_dir_lock(folder: Path, wait: bool = True, echo=_to_stderr) -> Iterator[N
     except Timeout:
         busy = True
     except OSError as exc:
-        raise UserError(f"{folder.parent}: cannot create the lock of {folder.name} ({exc.strerror or exc}); pass -o "
-                        "DIR with a folder you can write to") from None
+        raise UserError(f"{folder}: cannot create the lock beside it in {folder.parent} ({exc.strerror or exc}); "
+                        "pass -o DIR with a folder you can write to") from None
     if busy:
         if not wait:
             raise UserError(f"{folder} is being written by {holder(folder)}: wait for it, or run again without "
@@ -76,3 +79,20 @@ def run_dir_lock(folder: Path, wait: bool = True, echo=_to_stderr) -> Iterator[N
         yield
     finally:
         lock.release()
+        if not folder.exists():  # the run failed and removed what it made: so do we
+            _remove(folder, created)
+
+
+def _remove(folder: Path, created: Path | None) -> None:
+    """The lock files of a folder that was not left, and the empty parents this lock created."""
+    for path in (lock_path(folder), holder_path(folder)):
+        path.unlink(missing_ok=True)
+    if created is None:
+        return
+    for parent in (folder.parent, *folder.parent.parents):
+        try:
+            parent.rmdir()
+        except OSError:  # not empty, or not ours
+            return
+        if parent == created:
+            return

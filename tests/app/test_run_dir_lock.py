@@ -102,7 +102,7 @@ def test_an_unwritable_parent_is_a_one_line_error(tmp_path):
     try:
         if os.access(parent, os.W_OK):
             pytest.skip("running as a user who may write anywhere (root)")
-        with pytest.raises(UserError, match="cannot create the lock"), run_dir_lock(parent / "run"):
+        with pytest.raises(UserError, match="cannot create the lock beside it"), run_dir_lock(parent / "run"):
             pass
     finally:
         parent.chmod(0o700)
