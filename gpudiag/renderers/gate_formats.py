@@ -56,19 +56,39 @@ def shown(result: dict, show_all: bool) -> list[dict]:
     return [c for c in result["metrics"] if show_all or c["name"] in HEADLINE or c["verdict"] not in ("ok", "new", "gone")]
 
 
+def plain_line(c: dict) -> str:
+    """One metric in one line, nothing cut: ``step_time: 31.2 ms -> 34.0 ms (+9.0 %, p=0.0012) regression``."""
+    return (f"{c['name']}: {_value(c['baseline_median'], c['unit'])} -> {_value(c['current_median'], c['unit'])} "
+            f"({_change(c)}, p={_p(c)}) {c['verdict']}")
+
+
 def terminal(result: dict, console: Console | None = None, show_all: bool = False) -> None:
+    """The gate's rows: a table on a terminal (columns as wide as their longest cell, lines not
+    cropped), plain lines (:func:`plain_line`) where the output is piped, so that a CI log never
+    reads ``regres…`` or ``0.000…`` whatever its width."""
+    from gpudiag.renderers.terminal import print_whole, whole_column
+
     console = console or Console()
-    table = Table(show_header=True, header_style="bold", title=f"gpudiag gate: {result['verdict'].upper()}")
-    table.add_column("metric", no_wrap=True, overflow="ellipsis", max_width=48)
-    for col in ("before (median)", "after (median)", "Δ", "p", "verdict"):  # medians of per-step samples (latency_p90: the p90)
-        table.add_column(col, justify="right")
-    for c in shown(result, show_all):
-        table.add_row(Text(c["name"]), _value(c["baseline_median"], c["unit"]), _value(c["current_median"], c["unit"]),
-                      _change(c), _p(c), Text(c["verdict"], style=VERDICT_STYLE.get(c["verdict"], "")))
-    console.print(table)
-    hidden = len(result["metrics"]) - len(shown(result, show_all))
+    rows = shown(result, show_all)
+    if not console.is_terminal:
+        console.print(Text(f"gpudiag gate: {result['verdict'].upper()}"), highlight=False, soft_wrap=True)
+        for c in rows:
+            console.print(Text(plain_line(c)), highlight=False, soft_wrap=True)
+    else:
+        table = Table(show_header=True, header_style="bold", title=f"gpudiag gate: {result['verdict'].upper()}")
+        cells = [[c["name"], _value(c["baseline_median"], c["unit"]), _value(c["current_median"], c["unit"]),
+                  _change(c), _p(c), c["verdict"]] for c in rows]
+        headers = ("metric", "before (median)", "after (median)", "Δ", "p", "verdict")  # latency_p90: the p90
+        for i, header in enumerate(headers):
+            whole_column(table, header, [r[i].replace(" ", "") for r in cells] + [header.split()[0]],
+                         justify="left" if i == 0 else "right", no_wrap=True)
+        for c, r in zip(rows, cells):
+            table.add_row(*(Text(v) for v in r[:-1]), Text(r[-1], style=VERDICT_STYLE.get(c["verdict"], "")))
+        print_whole(console, table)
+    hidden = len(result["metrics"]) - len(rows)
     if hidden:
-        console.print(f"{hidden} more metrics within their thresholds or in one run only (--all shows them)", highlight=False)
+        console.print(f"{hidden} more metrics within their thresholds or in one run only (--all shows them)",
+                      highlight=False, soft_wrap=True)
 
 
 def to_json(result: dict) -> str:
@@ -106,14 +126,25 @@ def _escape_annotation(text: str) -> str:
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
+GITHUB_TOP = 5  # GitHub shows 10 annotations per step: one summary and the largest few
+
+
 def github(result: dict) -> str:
-    """``::error``/``::warning`` workflow commands, one per regression/warning, then a summary line."""
-    lines = []
-    for c in result["metrics"]:
-        if c["verdict"] in ("regression", "warning"):
-            kind = "error" if c["verdict"] == "regression" else "warning"
-            msg = (f"{c['name']} {c['verdict']}: {_value(c['baseline_median'], c['unit'])} -> "
-                   f"{_value(c['current_median'], c['unit'])} ({_change(c)}, p={_p(c)})")
-            lines.append(f"::{kind} title=gpudiag gate::{_escape_annotation(msg)}")
+    """GitHub workflow commands: one summary annotation (``::error`` when anything regressed, else
+    ``::warning`` or ``::notice``) counting regressions and warnings, then one annotation for each of
+    the :data:`GITHUB_TOP` largest changes among them (GitHub shows 10 per step), then a plain
+    summary line."""
+    flagged = [c for c in result["metrics"] if c["verdict"] in ("regression", "warning")]
+    flagged.sort(key=lambda c: (c["verdict"] != "regression", -abs(c["change"] or 0.0)))
+    regressions = sum(c["verdict"] == "regression" for c in flagged)
+    kind = "error" if regressions else ("warning" if flagged else "notice")
+    summary = (f"{result['verdict']}: {regressions} regression(s), {len(flagged) - regressions} warning(s) of "
+               f"{len(result['metrics'])} metrics")
+    if len(flagged) > GITHUB_TOP:
+        summary += f"; the {GITHUB_TOP} largest follow, all in the job log (--format terminal)"
+    lines = [f"::{kind} title=gpudiag gate::{_escape_annotation(summary)}"]
+    for c in flagged[:GITHUB_TOP]:
+        lines.append(f"::{'error' if c['verdict'] == 'regression' else 'warning'} title=gpudiag gate::"
+                     f"{_escape_annotation(plain_line(c))}")
     lines.append(f"gpudiag gate: {result['verdict']}")
     return "\n".join(lines) + "\n"

@@ -108,8 +108,27 @@ def test_formats(runs, tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     gh = invoke("gate", base, cur, "--format", "github")
     assert gh.exit_code == 1
-    assert any(line.startswith("::error title=gpudiag gate::family:norm regression") for line in gh.output.splitlines())
+    annotations = [line for line in gh.output.splitlines() if line.startswith("::")]
+    # one summary, then the largest few: GitHub shows 10 per step
+    assert annotations[0].startswith("::error title=gpudiag gate::regression: ") and len(annotations) <= 6
+    assert any(line.startswith("::error title=gpudiag gate::family:norm: ") and line.endswith(" regression")
+               for line in annotations[1:])
     assert "| `family:norm` |" in summary.read_text()
+
+
+@pytest.mark.parametrize("columns", [60, 80, 200])
+def test_the_piped_gate_reads_whole_at_any_width(runs, columns, monkeypatch):
+    """A CI log (not a terminal): every row's name, numbers, p-value and verdict whole, at 60, 80
+    and 200 columns, checked against the JSON result of the same comparison."""
+    base, cur = runs["swin_t_train_bf16"], runs["slowed"]
+    monkeypatch.setenv("COLUMNS", str(columns))
+    text = invoke("gate", base, cur).output
+    assert "…" not in text
+    metrics = json.loads(invoke("gate", base, cur, "--format", "json").output)["metrics"]
+    for m in metrics:
+        if m["verdict"] == "regression":
+            line = next(line for line in text.splitlines() if line.startswith(m["name"] + ": "))
+            assert line.endswith(" regression") and f"p={m['p_value']:.3g}" in line
 
 
 def test_baseline_save_and_gate_against_it(runs, tmp_path):
