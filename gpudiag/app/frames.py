@@ -16,7 +16,7 @@ The dtypes:
 - ``string``: text (pandas' string dtype, ``<NA>`` where missing);
 - ``json``: a nested value (a list or a dict) as its JSON text in a ``string`` column, so that every
   library reads one type: filter with ``frame["overlaps"].str.contains('"GD-TORCH-COMPILE"')``,
-  decode with ``frame["ops"].map(json.loads)`` or, in Polars, ``pl.col("ops").str.json_decode()``.
+  decode with ``frame["ops"].map(json.loads)`` or, in Polars, ``pl.col("ops").str.json_decode(pl.List(pl.String))``.
   A list of strings is a JSON list of strings (``ops``, ``modules``, ``evidence``, ``overlaps``);
   ``example_shapes`` is a JSON list of each recorded input as the profiler wrote it (a tensor's
   ``"dtype[dims]"`` string, a number, null, a list for a tensor list).

@@ -124,6 +124,18 @@ def test_example_shapes_mixing_types_is_json_text(runs):
     assert {type(x) for d in decoded for x in d} - {str}, "the examples hold inputs other than tensors"
 
 
+def test_the_documented_polars_decode_of_the_ops_runs(runs):
+    """docs/api.md's Polars line, as written, gives the same lists as json.loads (issue 47: the
+    tip without a dtype raised on the pinned Polars)."""
+    for run in runs.values():
+        fusion = run.fusion_candidates
+        if fusion.empty:
+            continue
+        decoded = pl.from_pandas(fusion).select(pl.col("ops").str.json_decode(pl.List(pl.String)))["ops"].to_list()
+        assert decoded == [json.loads(text) for text in fusion["ops"]]
+    assert 'pl.col("ops").str.json_decode(pl.List(pl.String))' in (ROOT / "docs" / "api.md").read_text()
+
+
 def test_the_ranks_frame_flags_the_straggler(runs):
     """One row per rank, the same 22 columns whatever the run; ``straggler`` marks the rank the
     report names (ranks.straggler; ``slowest`` in reports written before the rename)."""
