@@ -57,13 +57,28 @@ class StageTracker:
 @contextmanager
 def timed(times: dict[str, float] | None, name: str):
     """Adds the wall time of the block, in seconds (``time.perf_counter``), to ``times[name]``
-    when ``times`` is given; the time counts also when the block raises."""
+    when ``times`` is given; the time counts also when the block raises. A :class:`ShownTimes`
+    also shows the block as a stage (``gpudiag report`` on a terminal)."""
+    stage = getattr(times, "stage", None)
     start = time.perf_counter()
     try:
-        yield
+        if stage is None:
+            yield
+        else:
+            with stage(f"[report] {name}"):
+                yield
     finally:
         if times is not None:
             times[name] = times.get(name, 0.0) + time.perf_counter() - start
+
+
+class ShownTimes(dict):
+    """The seconds of each part (as :func:`timed` fills a dict), each part also shown while it
+    runs through ``stage(text)``, a face's stage factory (a rich spinner on a terminal)."""
+
+    def __init__(self, stage) -> None:
+        super().__init__()
+        self.stage = stage
 
 
 def stage_times_line(seconds: dict[str, float], parts: dict[str, float] | None = None) -> str:

@@ -14,7 +14,7 @@ from gpudiag.app.inputs import (analysis_inputs, decompressed, read_report, refu
                                 written_report)
 from gpudiag.app.options import AnalysisOptions
 from gpudiag.app.output import commit, make_output_folder, partial, write_atomically, written_or_removed
-from gpudiag.app.progress import timed
+from gpudiag.app.progress import ShownTimes, timed
 from gpudiag.errors import UserError, internal_error
 
 # The analysis, readers and report writers (pandas, plotly, jinja2, rich) are imported in the
@@ -185,6 +185,7 @@ class ReportRequest:
     peaks_file: Path | None = None
     notes: list[str] = field(default_factory=list)  # filled: the terminal's lines about the ranks
     wait: bool = True  # another process writing out_dir: wait for it (False: fail, naming it)
+    stage: Callable | None = None  # the face's stage(text) factory: each part shown while it runs
 
 
 def report(request: ReportRequest, show: Callable[[dict, Path], None] | None = None) -> dict:
@@ -215,7 +216,8 @@ def _report_locked(request: ReportRequest, exports: list[Path], status, default_
                              resolved=(exports[0], status, default_dir))
     return analyse_and_report(exports if len(exports) > 1 else inputs.export, out_dir, request.options,
                               status=inputs.status, ncu=inputs.ncu, calibration=inputs.calibration,
-                              show=(lambda result: show(result, out_dir)) if show else None, notes=request.notes)
+                              show=(lambda result: show(result, out_dir)) if show else None, notes=request.notes,
+                              times=ShownTimes(request.stage) if request.stage else None)
 
 
 def analyse(sources: Sequence[Path], options: AnalysisOptions, ncu: Path | None = None, peaks_file: Path | None = None,

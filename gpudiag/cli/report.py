@@ -10,6 +10,7 @@ from gpudiag.app.options import AnalysisOptions
 from gpudiag.app.report import ReportRequest
 from gpudiag.app.report import report as report_workflow
 from gpudiag.cli.options import analysis_options, rank_options
+from gpudiag.cli.progress import stage_display
 
 
 def show_report(result: dict, out_dir: Path, as_json: bool = False, notes: list[str] = ()) -> None:
@@ -64,5 +65,10 @@ def report(sources: tuple[Path, ...], out_dir: Path | None, force: bool, no_wait
         gpudiag report rank0.sqlite rank1.sqlite -o job-report
         gpudiag report 'exports/rank*.sqlite' --scheduler tcp://10.0.0.5:8786
     """
-    request = ReportRequest(sources, options, out_dir, force, ncu, peaks_file, wait=not no_wait)
+    import sys
+
+    # on a terminal, each part (reading the export, analysis, report files) with a spinner; a pipe
+    # or --json gets only the result
+    stage = stage_display(terminal=True) if sys.stdout.isatty() and not as_json else None
+    request = ReportRequest(sources, options, out_dir, force, ncu, peaks_file, wait=not no_wait, stage=stage)
     report_workflow(request, show=lambda result, folder: show_report(result, folder, as_json, request.notes))

@@ -115,3 +115,23 @@ def test_an_unwritable_parent_is_a_one_line_error(tmp_path):
             pass
     finally:
         parent.chmod(0o700)
+
+
+def test_report_shows_its_parts_as_stages(tmp_path):
+    """gpudiag report on a terminal: reading the export, analysis, report files, each a stage (the
+    face's spinner), in order; the times still recorded."""
+    from contextlib import contextmanager
+
+    from gpudiag.app.options import AnalysisOptions
+    from gpudiag.app.report import ReportRequest, report
+
+    shown = []
+
+    @contextmanager
+    def stage(text):
+        shown.append(text)
+        yield
+
+    report(ReportRequest((EXPORTS["tiny_gemm_gelu"],), AnalysisOptions(None, None), tmp_path / "out", stage=stage))
+    assert shown == ["[report] reading the export", "[report] analysis", "[report] report files"]
+    assert (tmp_path / "out" / "report.json").is_file()
