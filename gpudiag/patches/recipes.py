@@ -192,10 +192,15 @@ def models(plan: Plan, record: dict) -> list[tuple]:
     """[(source, target, site statement)] of the models the trial changed: bound from their class's
     constructor, else passed to an optimizer as ``M.parameters()``. Raises NoPatch when none is
     found or one is bound in more than one block."""
-    linked = plan.scoped([(s, t) for s in plan.sources for c in locate.optimizer_calls(s)
-                          if (t := locate.model_of_optimizer(s, c))], "optimizers over a model's parameters")
     found = plan.scoped([(s, t) for name in model_classes(record) for s in plan.sources
                          for t in locate.bound_by_class(s, name)], "the model's construction")
+    try:
+        linked = plan.scoped([(s, t) for s in plan.sources for c in locate.optimizer_calls(s)
+                              if (t := locate.model_of_optimizer(s, c))], "optimizers over a model's parameters")
+    except NoPatch:
+        if not found:
+            raise
+        linked = []  # the class's construction decides; optimizers in several other files do not matter
     # a class bound to several targets (model = DataParallel(model), model.features = DataParallel(...)):
     # the ones the script trains or calls in a loop
     used = [(s, t) for s, t in found if (s, t) in linked or locate.model_calls(s, t)]
