@@ -190,8 +190,9 @@ def model_classes(record: dict) -> list[str]:
 
 def models(plan: Plan, record: dict) -> list[tuple]:
     """[(source, target, site statement)] of the models the trial changed: bound from their class's
-    constructor, else passed to an optimizer as ``M.parameters()``. Raises NoPatch when none is
-    found or one is bound in more than one block."""
+    constructor (the ones the script trains or calls in a loop, when the class is bound to several),
+    else passed to an optimizer as ``M.parameters()``. Raises NoPatch when none is found, or one is
+    bound in more than one function (:func:`gpudiag.patches.locate.model_site`)."""
     found = plan.scoped([(s, t) for name in model_classes(record) for s in plan.sources
                          for t in locate.bound_by_class(s, name)], "the model's construction")
     try:
@@ -214,7 +215,7 @@ def models(plan: Plan, record: dict) -> list[tuple]:
     for source, target in found:
         site = locate.model_site(source, target)
         if site is None:
-            raise NoPatch(f"{target} is bound in more than one place in {source.path}: which one runs is not certain",
+            raise NoPatch(f"{target} is bound in more than one function of {source.path}: which one runs is not certain",
                           None, f"{source.path}: after {target} is built")
         out.append((source, target, site))
     return out
