@@ -147,7 +147,7 @@ class Run:
         command, it does not read ./pyproject.toml). Raises UserError (exit code 3) when the runs
         are not comparable: other GPU, driver or torch (unless ``allow_different_hardware``), or no
         per-step samples."""
-        from gpudiag.analysis.gate import GateConfig
+        from gpudiag.app.gate import GateConfig
 
         gate_config = load_config(Path(config)) if config is not None else GateConfig()
         return gate_result(gated((self.report, self.source)), gated((other.report, other.source)), gate_config,

@@ -75,7 +75,7 @@ def list_runs(folder: str) -> dict[str, Any]:
     root = Path(folder).expanduser()
     if not root.is_dir():
         raise ToolError(f"{folder}: no such folder; pass a folder that holds gpudiag runs or nsys SQLite exports")
-    from gpudiag.capture.run import SQLITE_NAME
+    from gpudiag.app.inputs import SQLITE_NAME
 
     runs: list[dict[str, Any]] = []
     for path in sorted(root.rglob("*")):
@@ -146,7 +146,7 @@ def compare_runs(baseline: Paths, candidate: Paths) -> dict[str, Any]:
     (pass, regression, ...), exit_code (0 pass, 1 regression), and per metric (step_time,
     gpu_busy_time, kernel_launches, family:*, module:* ...) the medians before and after, the
     relative change, the Mann-Whitney p_value and a verdict."""
-    from gpudiag.analysis.gate import GateConfig
+    from gpudiag.app.gate import GateConfig
 
     base, cand = _report(baseline), _report(candidate)
     try:

@@ -16,6 +16,9 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 EXIT_PASS, EXIT_REGRESSION, EXIT_USAGE, EXIT_NOT_COMPARABLE = 0, 1, 2, 3
+# The gate's thresholds, for the faces (the library, the MCP server): they import the application
+# layer only (pyproject.toml's import contracts)
+GateConfig = gate_mod.GateConfig
 
 
 def read_run(path: Path) -> tuple[dict, str]:

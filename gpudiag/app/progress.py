@@ -54,6 +54,15 @@ class StageTracker:
         self.running = False
 
 
+def plain_stage(echo=print):
+    """A ``stage(text)`` factory that announces each stage with one line (CI logs, pipes): the
+    capture's own (:func:`gpudiag.capture.run.plain_stage`), for the faces, which import the
+    application layer only."""
+    from gpudiag.capture.run import plain_stage as capture_plain_stage
+
+    return capture_plain_stage(echo)
+
+
 @contextmanager
 def timed(times: dict[str, float] | None, name: str):
     """Adds the wall time of the block, in seconds (``time.perf_counter``), to ``times[name]``

@@ -1,6 +1,6 @@
 """How ``gpudiag profile`` shows its stages: one line per stage when stdout is not a terminal (CI
 logs, pipes), plus a rich spinner with the elapsed time while a stage runs when it is one. The
-tools' own progress never reaches the terminal either way (``gpudiag.capture.toolrun``)."""
+tools' own progress never reaches the terminal either way (the capture's tool runs)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from contextlib import contextmanager
 
 import click
 
-from gpudiag.capture.run import plain_stage
+from gpudiag.app.progress import plain_stage
 
 
 def stage_display(echo=click.echo, terminal: bool | None = None):
-    """A ``stage(text)`` context-manager factory for :func:`gpudiag.capture.run.capture`.
+    """A ``stage(text)`` context-manager factory for the workflows' stages (the capture's, the report's).
 
     ``terminal``: None decides from ``sys.stdout.isatty()``. On a terminal, the stage's line is
     printed when it starts, a spinner with the elapsed seconds stays below whatever the script
