@@ -39,8 +39,9 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
     status of a run directory (warm-up steps, step mode, trials); ``calibration``: measured peaks
     (:func:`read_calibration`); ``top``: how many kernels the kernel tables keep. The ranks of a
     several-process job are analysed where ``options`` says (Dask or a process pool); ``notes``, if
-    given, receives the lines the terminal shows about them (:mod:`gpudiag.app.ranks`: the engine,
-    exports that cannot be one job's ranks), never written into the report. ``times``, if given,
+    given, receives the line the terminal shows about the engine (:mod:`gpudiag.app.ranks`), never
+    written into the report; exports that cannot be one job's ranks are the report's first
+    ``warnings``. ``times``, if given,
     receives the seconds spent "reading the export" and in the "analysis".
 
     The one analysis path of ``gpudiag report``, ``gpudiag profile`` and :func:`gpudiag.load`.
@@ -54,7 +55,7 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
     exports = list(export) if isinstance(export, (list, tuple)) else [export]
     label = exports[0] if len(exports) == 1 else Path(f"{exports[0]} (+{len(exports) - 1} more exports)")
     with timed(times, "reading the export"):
-        db = _ingest(exports, db_path, ncu, notes)
+        db, mismatches = _ingest(exports, db_path, ncu)
     warmup = options.warmup_steps if options.warmup_steps is not None else (status or {}).get("warmup_steps", 2)
     # A step-window capture starts at the warm-up's last step: only the warm-up steps it holds count.
     first_captured = (status or {}).get("capture_started_step")
@@ -68,6 +69,9 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
         with timed(times, "analysis"):
             result = analyse(db, warmup_steps=warmup, steps_from=steps_from, status=status, calibration=calibration,
                              top=top, ranks_engine=engine)
+        # exports that cannot be one job's ranks: said in the report itself, so that every face (the
+        # terminal, report.json and report.html, the library, the MCP server) says it (issue 47)
+        result["warnings"] = [*mismatches, *(result.get("warnings") or [])]
         if (status or {}).get("trials") is not None:  # the run's trials, kept in its status by gpudiag profile
             from gpudiag.trials.results import attach
 
@@ -95,11 +99,11 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
         store.close(db)  # after the tables written in the background (the analysis flushed them)
 
 
-def _ingest(exports: list[Path], db_path: Path, ncu: Path | None, notes: list[str] | None = None):
-    """The run database ``db_path`` of ``exports`` (one export, with ``ncu`` if given, or the
+def _ingest(exports: list[Path], db_path: Path, ncu: Path | None) -> tuple:
+    """(the run database ``db_path`` of ``exports`` (one export, with ``ncu`` if given, or the
     exports of one job's ranks), from decompressed copies of ``.xz`` files; the warnings of
-    exports that cannot be one job's ranks join ``notes``. Raises UserError naming the user's file,
-    not the copy."""
+    exports that cannot be one job's ranks, :func:`gpudiag.app.ranks.job_mismatches`). Raises
+    UserError naming the user's file, not the copy."""
     from gpudiag.analysis.ingest import MAX_FILES, ingest, ingest_many
     from gpudiag.sources.ncu import NcuError
     from gpudiag.sources.nsys_sqlite import ExportError
@@ -110,14 +114,16 @@ def _ingest(exports: list[Path], db_path: Path, ncu: Path | None, notes: list[st
         sources = [decompressed(e, Path(tmp)) if len(exports) == 1 else
                    decompressed(e, _own_folder(Path(tmp), i)) for i, e in enumerate(exports)]
         ncu_source = decompressed(ncu, Path(tmp)) if ncu else None
-        if len(exports) > 1 and notes is not None:
+        mismatches = []
+        if len(exports) > 1:
             from gpudiag.app.ranks import job_mismatches
 
-            notes.extend(f"warning: {w}" for w in job_mismatches(sources, exports))
+            mismatches = job_mismatches(sources, exports)
         try:
             if len(exports) == 1:
-                return ingest(sources[0], db_path, source_name=exports[0].name, ncu_path=ncu_source, background=True)
-            return ingest_many(sources, db_path, background=True)
+                return ingest(sources[0], db_path, source_name=exports[0].name, ncu_path=ncu_source,
+                              background=True), mismatches
+            return ingest_many(sources, db_path, background=True), mismatches
         except (ExportError, NcuError) as exc:
             message = str(exc)  # name the user's files, not the decompressed copies
             for copy, original in zip(sources, exports):

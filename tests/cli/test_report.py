@@ -244,6 +244,13 @@ def test_exports_of_two_jobs_are_warned_of(tmp_path):
     assert result.exit_code == 0, result.output
     assert "warning: rank0.sqlite" in result.output and "cannot be ranks of one job" in result.output
     assert "ranks: 2 analysed on " in result.output
+    # said in every face: report.json (the library and the MCP server read it) and report.html
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert any("cannot be ranks of one job" in w for w in report["warnings"])
+    assert "cannot be ranks of one job" in (tmp_path / "out" / "report.html").read_text()
+    from gpudiag import load
+
+    assert any("cannot be ranks of one job" in w for w in load([str(e) for e in exports]).report["warnings"])
     assert engine_note(AnalysisOptions(None, None), 2) == "ranks: 2 analysed in a local process pool"
     assert engine_note(AnalysisOptions(None, None, dask=True, scheduler="tcp://h:8786"), 2) == \
         "ranks: 2 analysed on the Dask cluster at tcp://h:8786"
