@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 VERIFY_CHOICES = ("top", "all", "none")
@@ -31,10 +32,9 @@ def hand_back(script, script_args: list[str], run_dir: Path, config, report: dic
     if not measured:
         return []
     if not isinstance(script, Path) or not script.is_file():
-        echo("[patch] no patches: the script is not a file of yours gpudiag can edit (a module run with -m)")
+        echo("[patch] no patches: the script is not a file of yours gpudiag can edit (a module run with -m or under a "
+             "launcher)")
         return []
-    import time
-
     out, left = [], budget_s
     for trial in measured:
         patch = make.make_patch(script, trial["change"], trial, script_args)
