@@ -14,7 +14,7 @@ from pathlib import Path
 from gpudiag.capture.run import run_bare
 from gpudiag.patches.make import CHANGES_DIR, Patch
 from gpudiag.trials import results
-from gpudiag.trials.runner import MIN_LEFT_S, trial_config
+from gpudiag.trials.runner import MIN_LEFT_S, runs_agree, trial_config
 
 ORDER = ("baseline", "patched", "baseline", "patched", "baseline")  # A B A B A: as a lone trial runs
 VERIFIED = "verified"
@@ -113,7 +113,7 @@ def verify(patch: Patch, script: Path | str, script_args: list[str], run_dir: Pa
                 "why": "no patched run was made" if not runs["patched"] else "the unchanged script measured no steps",
                 "runs": {k: len(v) for k, v in runs.items()}}
     record = results.trial_result(entry, usable, runs["patched"], codes[-1], time.monotonic() - started,
-                                  comparable=bool(_comparable(usable)),
+                                  comparable=bool(runs_agree(usable, {})),
                                   autocast_dtype=autocast_dtype)
     status, why = judge(record, trial)
     return {"status": status, "why": why, "saving_percent": record.get("saving_percent"),
@@ -122,12 +122,3 @@ def verify(patch: Patch, script: Path | str, script_args: list[str], run_dir: Pa
             "record": {k: record.get(k) for k in ("status", "baseline_step_ns", "trial_step_ns", "saving_ns",
                                                    "saving_ci_ns", "verdict", "verdict_reason", "result_difference",
                                                    "error", "method")}}
-
-
-def _comparable(baselines: list[dict]) -> bool | None:
-    """Whether two runs of the unchanged script computed the same loss (then a difference of the
-    patched one is the patch's); None with one run."""
-    if len(baselines) < 2:
-        return None
-    diff = results.loss_difference(baselines[0], baselines[1]) or results.output_difference(baselines[0], baselines[1])
-    return None if diff is None else diff["relative"] <= results.TOLERANCE["fp32"]

@@ -345,7 +345,7 @@ def _report_run(session: Session, runs: list[Run], run: Run, done: dict, autocas
     baselines = [r.status for r in counted(runs)]
     entry = session.chosen[run.index]
     plain = baselines + ([session.bare] if session.bare else [])
-    comparable = _comparable(plain, {}) if len(plain) >= 2 else None
+    comparable = runs_agree(plain, {}) if len(plain) >= 2 else None
     record = results.trial_result(entry, baselines, run.status, run.code, run.elapsed_s, timed_out=run.timed_out,
                                   comparable=False if comparable is None else comparable, autocast_dtype=autocast_dtype)
     if record["status"] in ("failed", "not applicable", "over budget"):
@@ -383,7 +383,7 @@ def run_session(script: Path | str, script_args: list[str], run_dir: Path, confi
         echo(f"[try] no trials: the baseline run measured no steps (exit code {code}; see {run_dir / 'gpudiag.log'})")
         return [results.trial_result(c, {}, {}, None, 0.0) | {"status": "skipped",
                 "error": "the baseline run measured no steps"} for c in chosen], account
-    comparable = _comparable([r.status for r in baselines], profiled_status)
+    comparable = runs_agree([r.status for r in baselines], profiled_status)
     note = baseline_note(baselines, runs, profiled_status.get("bare_run"))
     echo(f"[try] {note}")
     _echo_account(echo, account)
@@ -449,7 +449,7 @@ def _compared_with(count: int, after: bool, early: str | None) -> str:
     return f"the {count} baseline run(s) before it; none after it ({why})"
 
 
-def _comparable(baselines: list[dict], profiled: dict) -> bool | None:
+def runs_agree(baselines: list[dict], profiled: dict) -> bool | None:
     """Whether the unchanged script computes the same loss (at inference: output sample) in two
     runs, within fp32's tolerance: two baseline runs compared, else the baseline with the profiled
     run (training only: the profiled run keeps no output sample); None when nothing to compare."""
