@@ -5,7 +5,8 @@ instances), over the measured steps of each run.
     python benchmarks/roofline_accuracy.py RUN_DIR [RUN_DIR ...] [--markdown OUT.md]
 
 Each RUN_DIR comes from `gpudiag profile --ncu` (profile.sqlite, profile.ncu-rep,
-script_status.json; the first two may be .xz). The runs behind docs/roofline_accuracy.md are in
+script_status.json; the first two may be .xz), or is one of issue 48's fixtures
+(tests/fixtures/roofline48/NAME: profile.sqlite.xz from a plain `nsys profile`, ncu_truth.csv.xz). The runs behind docs/roofline_accuracy.md are in
 benchmarks/data/roofline/. Prints one row per run: agreement weighted by kernel time and by count, and
 the error of estimated vs measured FLOPs and bytes (median of |estimate/measured - 1| over kernel
 instances with both, and the time-weighted mean).
@@ -35,8 +36,11 @@ from gpudiag.analysis.pipeline import analyse  # noqa: E402
 def classes(run_dir: Path, with_ncu: bool, tmp: Path) -> pd.DataFrame:
     status_file = run_dir / "script_status.json"
     status = json.loads(status_file.read_text()) if status_file.exists() else None
+    truth = run_dir / "ncu_truth.csv"  # issue 48's fixtures: ncu's numbers as read_ncu reads them
     db = ingest(run_dir / "profile.sqlite", tmp / f"{run_dir.name}-{with_ncu}.sqlite",
-                ncu_path=run_dir / "profile.ncu-rep" if with_ncu else None)
+                ncu_path=run_dir / "profile.ncu-rep" if with_ncu and not truth.exists() else None)
+    if with_ncu and truth.exists():
+        store.write_table(db, "ncu_kernels", pd.read_csv(truth))
     analyse(db, status=status, warmup_steps=(status or {}).get("warmup_steps", 2))
     k = store.read_table(db, "kernels")[["kernel_id", "name", "duration_ns"]]
     c = store.read_table(db, "kernel_class")[["kernel_id", "kernel_class", "evidence", "flop", "bytes", "family"]]

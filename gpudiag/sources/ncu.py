@@ -99,8 +99,8 @@ def read_ncu(path: Path) -> pd.DataFrame:
                 "theoretical_occupancy_percent": value("sm__maximum_warps_per_active_cycle_pct"),
                 "local_memory_bytes": value("l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum")
                 + value("l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"),
-                "global_load_sectors_per_request": value("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum")
-                / value("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", np.nan),
+                "global_load_sectors_per_request": _per_request(value("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"),
+                                                                value("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum")),
             })
     if not rows:
         raise NcuError(f"{path}: the report holds no profiled kernels")
@@ -109,6 +109,12 @@ def read_ncu(path: Path) -> pd.DataFrame:
         raise NcuError(f"{path}: no roofline counters in this report; record it with ncu --set roofline "
                        "(gpudiag profile --ncu does)")
     return df
+
+
+def _per_request(sectors: float, requests: float) -> float:
+    """Global-load sectors per request; NaN for a kernel that made no global load (0 requests:
+    seen on EfficientNet-B0's kernels, tests/fixtures/roofline48/conv)."""
+    return sectors / requests if requests > 0 else np.nan
 
 
 def math_path(row: pd.Series) -> str:

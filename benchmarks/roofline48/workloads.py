@@ -1,0 +1,137 @@
+"""Six-plus workloads for the issue 48 ground truth: roofline classes from Nsight Compute against
+gpudiag's estimate from an nsys export made WITHOUT gpudiag (no op ranges, no shapes).
+
+    python benchmarks/roofline48/workloads.py NAME [--steps N] [--ncu-step K]
+
+Names: conv (torchvision EfficientNet-B0 training, bf16 autocast, channels-last), swinv2
+(torchvision Swin-V2-T training, bf16 autocast: windowed attention), encoder (transformers
+DeBERTa-v2 training, bf16), decoder (transformers Llama training step, bf16), decode (transformers
+Llama greedy generate, bf16, dynamic cache), moe (transformers Mixtral training step, bf16: top-2 of 8
+experts), grouped (torch._grouped_mm over 8 experts, forward and backward, bf16). All models are
+built from configs (no download) with fixed seeds and random inputs. None of them was used to tune
+gpudiag's roofline heuristics (those were Swin-T, GPT-2, an MLP decode loop and BERT).
+
+The script emits no NVTX range, except, only when $NCU_STEP_RANGE is set, one range
+``ncu_step`` around step ``--ncu-step``: the ncu pass filters on it (``--nvtx-include ncu_step/``)
+so that ncu replays exactly one steady-state step; the nsys pass runs without it, as a user's
+export would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+
+def _nvtx(step: int, target: int, push: bool) -> None:
+    if os.environ.get("NCU_STEP_RANGE") and step == target:
+        (torch.cuda.nvtx.range_push if push else torch.cuda.nvtx.range_pop)(*(("ncu_step",) if push else ()))
+
+
+def _train_step(model, batch, opt, loss_fn):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = loss_fn(model, batch)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def conv():
+    import torchvision
+    m = torchvision.models.efficientnet_b0(num_classes=100).cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(64, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 100, (64,), device="cuda")
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    return lambda: _train_step(m, (x, y), opt, lambda mm, b: torch.nn.functional.cross_entropy(mm(b[0]), b[1]))
+
+
+def swinv2():
+    import torchvision
+    m = torchvision.models.swin_v2_t(num_classes=100).cuda()
+    x = torch.randn(32, 3, 256, 256, device="cuda")
+    y = torch.randint(0, 100, (32,), device="cuda")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    return lambda: _train_step(m, (x, y), opt, lambda mm, b: torch.nn.functional.cross_entropy(mm(b[0]), b[1]))
+
+
+def _hf_train(model, ids, labels_key="labels"):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return lambda: _train_step(model, ids, opt, lambda mm, b: mm(input_ids=b, **{labels_key: b}).loss)
+
+
+def encoder():
+    from transformers import DebertaV2Config, DebertaV2ForMaskedLM
+    cfg = DebertaV2Config(vocab_size=32000, hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
+                          intermediate_size=3072, max_position_embeddings=512, relative_attention=True,
+                          pos_att_type=["p2c", "c2p"], position_buckets=256)
+    m = DebertaV2ForMaskedLM(cfg).cuda()
+    return _hf_train(m, torch.randint(0, 32000, (16, 256), device="cuda"))
+
+
+def _llama(layers=6, hidden=1024):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
+                      num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
+                      max_position_embeddings=2048, attn_implementation="sdpa")
+    return LlamaForCausalLM(cfg).cuda()
+
+
+def decoder():
+    return _hf_train(_llama(), torch.randint(0, 32000, (8, 512), device="cuda"))
+
+
+def decode():
+    m = _llama(layers=8).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 32000, (4, 128), device="cuda")
+
+    def step():
+        with torch.no_grad():
+            m.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
+    return step
+
+
+def moe():
+    from transformers import MixtralConfig, MixtralForCausalLM
+    cfg = MixtralConfig(vocab_size=32000, hidden_size=768, intermediate_size=1536, num_hidden_layers=4,
+                        num_attention_heads=12, num_key_value_heads=4, num_local_experts=8,
+                        num_experts_per_tok=2, max_position_embeddings=2048, attn_implementation="sdpa")
+    return _hf_train(MixtralForCausalLM(cfg).cuda(), torch.randint(0, 32000, (8, 512), device="cuda"))
+
+
+def grouped():
+    experts, dim, ffn, tokens = 8, 1024, 2816, 8192
+    w1 = torch.randn(experts, dim, ffn, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w2 = torch.randn(experts, ffn, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(tokens, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    counts = torch.tensor([1536, 512, 1024, 768, 1280, 1024, 1024, 1024], device="cuda")
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+
+    def step():
+        h = torch.nn.functional.silu(torch._grouped_mm(x, w1, offs=offs))
+        torch._grouped_mm(h, w2, offs=offs).float().pow(2).mean().backward()
+    return step
+
+
+WORKLOADS = {f.__name__: f for f in (conv, swinv2, encoder, decoder, decode, moe, grouped)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("name", choices=sorted(WORKLOADS))
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--ncu-step", type=int, default=5, help="the step the ncu pass replays (after warm-up)")
+    a = p.parse_args()
+    torch.manual_seed(0)
+    step = WORKLOADS[a.name]()
+    for i in range(a.steps):
+        _nvtx(i, a.ncu_step, True)
+        step()
+        torch.cuda.synchronize()
+        _nvtx(i, a.ncu_step, False)
+    print(f"{a.name}: {a.steps} steps done")
+
+
+if __name__ == "__main__":
+    main()
