@@ -43,7 +43,8 @@ def classes(run_dir: Path, with_ncu: bool, tmp: Path) -> pd.DataFrame:
         store.write_table(db, "ncu_kernels", pd.read_csv(truth))
     analyse(db, status=status, warmup_steps=(status or {}).get("warmup_steps", 2))
     k = store.read_table(db, "kernels")[["kernel_id", "name", "duration_ns"]]
-    c = store.read_table(db, "kernel_class")[["kernel_id", "kernel_class", "evidence", "flop", "bytes", "family"]]
+    c = store.read_table(db, "kernel_class")[["kernel_id", "kernel_class", "evidence", "flop", "bytes", "family",
+                                               "basis"]]
     steps = store.read_table(db, "steps")
     a = store.read_table(db, "kernel_attribution")[["kernel_id", "step"]]
     measured = set(steps.loc[steps["measured"].astype(bool), "step"])
@@ -93,7 +94,11 @@ def accuracy(run_dir: Path) -> dict:
     gemm = both["family_est"].isin(["gemm", "conv", "attention"])
     gemm_flop_med, _ = _relative_error(both.loc[gemm, "flop_est"], both.loc[gemm, "flop_ncu"], w[gemm])
     total = est["duration_ns"].sum()
-    return {"run": run_dir.name, "kernels_compared": int(len(both)),
+    by_basis = {b: (float(w[agree & (both["basis_est"] == b)].sum()), float(w[both["basis_est"] == b].sum()))
+                for b in both["basis_est"].unique() if b}
+    by_family = {f: (float(w[agree & (both["family_est"] == f)].sum()), float(w[both["family_est"] == f].sum()))
+                 for f in both["family_est"].unique()}
+    return {"run": run_dir.name, "kernels_compared": int(len(both)), "by_basis": by_basis, "by_family": by_family,
             "measured_classes": ", ".join(f"{k} {v}" for k, v in sorted(per_class.items())),
             "share_of_kernel_time_percent": 100.0 * float(w.sum()) / total if total else float("nan"),
             "agreement_time_weighted_percent": 100.0 * float(w[agree].sum() / w.sum()) if len(both) else float("nan"),
@@ -106,18 +111,34 @@ def accuracy(run_dir: Path) -> dict:
                                  .assign(name_est=lambda d: d["name_est"].str[:70]).values.tolist()}
 
 
+def _print_totals(rows: list[dict], key: str, label: str) -> None:
+    """Agreement per basis or family, summed over the runs: 'basis large tile: agreed 60.7 % of 25.76 ms'."""
+    totals: dict[str, list[float]] = {}
+    for r in rows:
+        for b, (agreed, time) in r[key].items():
+            totals.setdefault(b, [0.0, 0.0])
+            totals[b][0] += agreed
+            totals[b][1] += time
+    for b, (agreed, time) in sorted(totals.items()):
+        print(f"{label} {b}: agreed {100 * agreed / time:.1f} % of {time / 1e6:.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--by-basis", action="store_true", help="agreement per heuristic basis over all runs")
     args = parser.parse_args()
     rows = [accuracy(r) for r in args.runs]
-    table = pd.DataFrame([{k: v for k, v in r.items() if k != "disagreements"} for r in rows])
+    table = pd.DataFrame([{k: v for k, v in r.items() if k not in ("disagreements", "by_basis", "by_family")} for r in rows])
     text = table.to_markdown(index=False, floatfmt=".1f")
     print(text)
     for r in rows:
         for d in r["disagreements"]:
             print(f"  {r['run']}: {d[0]} estimated {d[1]}, measured {d[2]} ({d[3] / 1e6:.2f} ms)")
+    if args.by_basis:  # tiles.BASIS_CONFIDENCE: agreement per heuristic basis, over all runs given
+        _print_totals(rows, "by_basis", "basis")
+        _print_totals(rows, "by_family", "family")
     if args.markdown:
         args.markdown.write_text(text + "\n")
 

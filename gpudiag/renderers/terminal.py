@@ -87,8 +87,21 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
                         fmt_ns(k["time_ns_per_step"]),
                         fmt_pct(k["share_of_kernel_time_percent"]), k["kernel_class"], k["evidence"])
     print_whole(console, kernels)
+    if line := settle_line(result):
+        console.print(Text(line), highlight=False)
     render_recommendations(result, console)
     render_fusion(result, console)
+
+
+def settle_line(result: dict, top: int = 3) -> str | None:
+    """'classes by name only: --ncu would settle first NAME (large tile, 61 % agreed with ncu), ...';
+    None where no kernel's class rests on a weak basis (or an older report)."""
+    first = ((result.get("classification") or {}).get("ncu_settles_first") or [])[:top]
+    if not first:
+        return None
+    return "classes by kernel name only; `--ncu` would settle first: " + "; ".join(
+        f"{shorten(k['name'], 50)} ({k['kernel_class']} by {k['basis']}, {100 * k['confidence']:.0f} % agreed with ncu)"
+        for k in first)
 
 
 def overhead_split_line(result: dict) -> str | None:

@@ -82,7 +82,31 @@ def classification(meta: dict, ncu: pd.DataFrame, km: pd.DataFrame) -> dict:
             "ncu_source": meta.get("ncu_source"),
             "ncu_kernels_profiled": int(len(ncu)),
             "evidence_share_percent": tables.shares(km, "evidence"),
-            "class_share_of_kernel_time_percent": tables.shares(km, "kernel_class")}
+            "class_share_of_kernel_time_percent": tables.shares(km, "kernel_class"),
+            "ncu_settles_first": ncu_settles_first(km)}
+
+
+# A class resting on a basis that agreed with ncu this often or more is not worth a replay first.
+SETTLED_CONFIDENCE = 0.95
+
+
+def ncu_settles_first(km: pd.DataFrame, top: int = 5) -> list[dict]:
+    """The kernels whose class ``gpudiag profile --ncu`` would settle first: those classed by name
+    (evidence ``heuristic``) on a basis that agreed with Nsight Compute on less than
+    :data:`SETTLED_CONFIDENCE` of the fixtures' time (:data:`gpudiag.analysis.roofline.tiles.BASIS_CONFIDENCE`),
+    ranked by their measured-step time times (1 - confidence), the time a wrong class could
+    misplace. Each: name, kernel_class, basis,
+    confidence (0-1), time_ns (over the measured steps)."""
+    if "confidence" not in km or km.empty:
+        return []
+    open_ = km[(km["evidence"] == "heuristic") & (km["confidence"] < SETTLED_CONFIDENCE)]
+    if open_.empty:
+        return []
+    g = open_.groupby("name", observed=True).agg(kernel_class=("kernel_class", "first"), basis=("basis", "first"),
+                                                 confidence=("confidence", "first"), time_ns=("duration_ns", "sum"))
+    g = g.assign(at_stake=g["time_ns"] * (1 - g["confidence"])).nlargest(top, "at_stake")
+    return [{"name": str(name), "kernel_class": str(r.kernel_class), "basis": str(r.basis),
+             "confidence": round(float(r.confidence), 3), "time_ns": float(r.time_ns)} for name, r in g.iterrows()]
 
 
 def kernel_tables(km: pd.DataFrame, n: int) -> dict:

@@ -18,7 +18,10 @@ replace it. Rules, in order:
    the op's math path it is compute-bound, below it bandwidth-bound. Other instances of the same
    kernel name and launch configuration inherit the detail step's numbers.
 3. otherwise (evidence ``heuristic``): GEMM, convolution and attention kernels are compute-bound,
-   everything else bandwidth-bound.
+   everything else bandwidth-bound, except a GEMM whose name states a tile with a side under 64,
+   bandwidth-bound (:mod:`gpudiag.analysis.roofline.tiles`). Such rows say what the class rests on
+   (``basis``: family, small tile, large tile, no tile; ``tile_side``) and how often that basis
+   agreed with Nsight Compute on the committed fixtures (``confidence``).
 
 Collective-library kernels (family ``communication``, :mod:`gpudiag.analysis.attribution.families`) are class
 ``communication`` whatever their duration or shapes: they are outside the roofline (their time is
@@ -33,6 +36,7 @@ import pandas as pd
 from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, op_cost
 from gpudiag.analysis.attribution.families import COMMUNICATION, CONTRACTION_FAMILIES, families, per_distinct
 from gpudiag.analysis.roofline.peaks import DevicePeaks
+from gpudiag.analysis.roofline.tiles import BASES, BASIS_CONFIDENCE, heuristic_basis
 
 CONFIG_COLUMNS = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
 CLASSES = ["overhead", "compute", "bandwidth"]  # kernel_class, by code
@@ -146,7 +150,8 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
     """One row per kernel (same order): kernel_id, family, config_key, kernel_class
     (compute/bandwidth/overhead/communication), evidence (ncu/shapes/heuristic), flop, bytes, math_path,
     intensity (FLOP/byte), ridge (FLOP/byte), achieved_flop_per_s, achieved_bytes_per_s,
-    efficiency (roofline floor / duration; NaN without shapes)."""
+    efficiency (roofline floor / duration; NaN without shapes), tile_side (elements; NaN without a
+    tile in the name), basis and confidence (0-1; heuristic rows only, else "" and NaN)."""
     out = pd.DataFrame({"kernel_id": kernels["kernel_id"].to_numpy(), "family": families(kernels["name"]).array,
                         "config_key": _config_key(kernels).to_numpy()})
     dur = kernels["duration_ns"].to_numpy(dtype=float)
@@ -193,10 +198,15 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
     launch = peaks.launch_overhead_ns
     overhead = ((dur < launch) & (blocks < max(peaks.sm_count, 1))) | (dur < launch / 2)
     by_roofline = np.where(out["intensity"].to_numpy() >= out["ridge"].to_numpy(), 1, 2)
-    by_family = np.where(out["family"].isin(CONTRACTION_FAMILIES), 1, 2)
+    heuristic = heuristic_basis(kernels["name"], out["family"])
+    by_name = np.where(heuristic["bandwidth"].to_numpy(), 2, 1)
     roofline_known = has_shapes & np.isfinite(out["ridge"].to_numpy()) & np.isfinite(out["intensity"].to_numpy())
-    out["kernel_class"] = _text(CLASSES, np.where(overhead, 0, np.where(roofline_known, by_roofline, by_family)))
+    out["kernel_class"] = _text(CLASSES, np.where(overhead, 0, np.where(roofline_known, by_roofline, by_name)))
     out["evidence"] = _text(EVIDENCE, np.where(roofline_known, evidence, 0))
+    out["tile_side"] = heuristic["tile_side"].to_numpy()
+    by_heuristic = ~roofline_known & ~overhead
+    out["basis"] = _text(BASES + [""], np.where(by_heuristic, heuristic["basis"].to_numpy(), len(BASES)))
+    out["confidence"] = np.where(by_heuristic, np.asarray(BASIS_CONFIDENCE)[heuristic["basis"].to_numpy()], np.nan)
     comm = (out["family"] == COMMUNICATION).to_numpy()
     if comm.any():  # outside the roofline: no roofline numbers, whatever op launched them
         out.loc[comm, "kernel_class"], out.loc[comm, "evidence"] = COMMUNICATION, "heuristic"

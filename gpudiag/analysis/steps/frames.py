@@ -77,7 +77,8 @@ def kernel_frame(kernels: pd.DataFrame, attribution: pd.DataFrame, classes: pd.D
                               "step", "phase", "module", "module_class", "op", "op_args", "op_call", "graph", "api_start_ns")},
                        **{c: classes[c].set_axis(kernels.index) for c in (
                               "family", "kernel_class", "evidence", "intensity", "ridge", "efficiency", "config_key", "flop",
-                              "bytes", "math_path", "achieved_flop_per_s", "achieved_bytes_per_s")})
+                              "bytes", "math_path", "achieved_flop_per_s", "achieved_bytes_per_s", "basis",
+                              "confidence") if c in classes})
     k["queue_delay_ns"] = launches["queue_delay_ns"].to_numpy()
     k["shorter_than_launch"] = launches["shorter_than_launch"].to_numpy()
     return k

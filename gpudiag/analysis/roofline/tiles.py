@@ -1,0 +1,85 @@
+"""What a GEMM kernel's name says about its problem, for classes without shapes (issue 48).
+
+An nsys export made without gpudiag holds no op shapes: a contraction kernel (GEMM, convolution,
+attention) has only its name, launch configuration and duration. Most GEMM libraries name their
+kernels by the CTA tile they compute:
+
+- cuBLASLt's ``nvjet`` kernels: ``nvjet_sm90_tst_96x384_64x3_1x2_h_bz_coopA_bias_TNN`` (tile 96x384,
+  K step 64, 3 stages, cluster 1x2, a bias epilogue);
+- cuBLAS/xmma: ``sm80_xmma_gemm_f32f32_..._tilesize128x128x8_stage3_...``; implicit-GEMM convolutions
+  the same (``..._fprop_implicit_gemm_..._tilesize64x64x64...``);
+- CUTLASS: ``cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x10_nn_align8``,
+  ``cutlass_80_simt_sgemm_128x32_8x5_nn_align1``; cuBLAS's ``ampere_bf16_s16816gemm_bf16_128x128_ldg8_...``.
+
+The tile bounds the arithmetic intensity only one way. A GEMM of M x N x K elements of ``e`` bytes
+does 2MNK FLOP and moves at least e(MK + KN + MN) bytes, so its intensity is below
+(2/e) min(M, N, K) FLOP/byte. The libraries give a tile a side under 64 only when the problem's side is
+that small (a wider tile would compute padding), so such a GEMM's intensity is bounded by its
+small side: a few hundred FLOP/byte at most, near or below the bf16/fp16 tensor ridge (H100/H200:
+~206). On the fixtures the highest measured was 190 FLOP/byte (a 64x24 tile of a decode's
+prefill), the rest under 90. A large tile says nothing of K (persistent kernels launch one CTA per SM,
+so the grid does not count tiles either): those GEMMs stay compute-bound by family, with a low
+confidence, and ``--ncu`` settles them.
+
+Measured on the issue 48 fixtures (tests/fixtures/roofline48, ncu on an H200, 2026-11-28;
+docs/roofline_gemm.md): of the tensor-core GEMM configurations ncu profiled whose tile has a side
+under 64, all but one (a 12.9 us CUTLASS wmma kernel of Swin-V2's) are bandwidth-bound by ncu.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES, per_distinct
+
+SMALL_TILE_SIDE = 64  # a tile side under this is a small problem side (module docstring)
+
+# Ordered: the first pattern that matches names the tile (M side, N side).
+_TILE_PATTERNS = (
+    re.compile(r"tilesize(\d+)x(\d+)x\d+"),                   # cuBLAS/xmma, cuDNN implicit GEMM
+    re.compile(r"nvjet_\w*?_(\d+)x(\d+)_\d+x\d+_\d+x\d+"),    # cuBLASLt nvjet: tile_kstep x stages_cluster
+    re.compile(r"gemm\w*?_(\d+)x(\d+)_(?:\d+x\d+_)?(?:ldg|nn|nt|tn|tt)"),  # CUTLASS, cuBLAS ampere_*
+)
+
+# heuristic bases, by code: what the class of a kernel without shapes or ncu rests on
+BASES = ["family", "small tile", "large tile", "no tile"]
+
+
+def gemm_tile(name: str) -> tuple[int, int] | None:
+    """(tile M side, tile N side) in elements, read from a GEMM or implicit-GEMM kernel's name,
+    or None when the name states no tile (Triton, flash attention, cuDNN runtime-fused kernels)."""
+    for pattern in _TILE_PATTERNS:
+        if m := pattern.search(name):
+            return int(m.group(1)), int(m.group(2))
+    return None
+
+
+# fp32 SIMT GEMMs: their ridge (H200: ~14 FLOP/byte) is under the bound a small tile gives
+# (2/4 x 64 = 32 FLOP/byte for 4-byte types), so a small tile proves nothing there
+_SIMT = re.compile(r"sgemm|simt|ffma|f32f32_f32f32")
+
+
+def _tile_side(name: str) -> float:
+    tile = None if _SIMT.search(name) else gemm_tile(name)
+    return float(min(tile)) if tile else np.nan
+
+
+def heuristic_basis(names: pd.Series, family: pd.Series) -> pd.DataFrame:
+    """Per kernel (aligned with ``names``): ``tile_side`` (the smaller side of the tile its name
+    states, elements; NaN without one or for an fp32 SIMT GEMM), ``basis`` (a code into :data:`BASES`: ``family`` for a
+    kernel outside the contraction families, ``small tile``, ``large tile`` or ``no tile`` for a
+    contraction) and ``bandwidth`` (True where the basis says bandwidth-bound: non-contractions and
+    small tiles)."""
+    contraction = family.isin(CONTRACTION_FAMILIES).to_numpy()
+    side = np.where(contraction, per_distinct(names, _tile_side, np.nan, float), np.nan)
+    small = side < SMALL_TILE_SIDE
+    basis = np.where(~contraction, 0, np.where(np.isnan(side), 3, np.where(small, 1, 2))).astype(np.int8)
+    return pd.DataFrame({"tile_side": side, "basis": basis, "bandwidth": ~contraction | small}, index=names.index)
+
+# Per basis (BASES order): the share of kernel time on which a class resting on it agreed with
+# Nsight Compute over the committed ncu fixtures (benchmarks/roofline_accuracy.py --by-basis;
+# docs/roofline_gemm.md, H200, 2026-11-28). A prior, not a probability for one kernel.
+BASIS_CONFIDENCE = [0.993, 1.0, 0.607, 0.919]  # family 176 ms, small tile 1.1 ms, large tile 25.8 ms, no tile 29.1 ms
