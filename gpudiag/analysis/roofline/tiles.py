@@ -45,7 +45,15 @@ _TILE_PATTERNS = (
 )
 
 # heuristic bases, by code: what the class of a kernel without shapes or ncu rests on
-BASES = ["family", "small tile", "large tile", "no tile"]
+BASES = ["family", "small tile", "large tile", "no tile", "depthwise"]
+
+# Depthwise convolutions (one input and one output channel per group): PyTorch's
+# conv_depthwise2d/3d kernels, cuDNN's runtime-compiled ``conv2d_c1_k1_*`` (C=1, K=1 per group; on
+# EfficientNet-B0 their ncu FLOPs are 2 x 3 x 3 or 2 x 5 x 5 per output element of its depthwise
+# layers). Each output does 2RS FLOP and needs at least its own input element and itself: at most
+# RS/2 FLOP/byte for 2-byte data (4.5 for 3x3, 12.5 for 5x5), under the SIMT fp32 ridge (~14 on
+# the H200) they run on; ncu measured 2-6 FLOP/byte.
+_DEPTHWISE = re.compile(r"depthwise|dwconv|conv2d_c1_k1", re.IGNORECASE)
 
 
 def gemm_tile(name: str) -> tuple[int, int] | None:
@@ -62,6 +70,10 @@ def gemm_tile(name: str) -> tuple[int, int] | None:
 _SIMT = re.compile(r"sgemm|simt|ffma|f32f32_f32f32")
 
 
+def _depthwise(name: str) -> bool:
+    return bool(_DEPTHWISE.search(name))
+
+
 def _tile_side(name: str) -> float:
     tile = None if _SIMT.search(name) else gemm_tile(name)
     return float(min(tile)) if tile else np.nan
@@ -70,16 +82,19 @@ def _tile_side(name: str) -> float:
 def heuristic_basis(names: pd.Series, family: pd.Series) -> pd.DataFrame:
     """Per kernel (aligned with ``names``): ``tile_side`` (the smaller side of the tile its name
     states, elements; NaN without one or for an fp32 SIMT GEMM), ``basis`` (a code into :data:`BASES`: ``family`` for a
-    kernel outside the contraction families, ``small tile``, ``large tile`` or ``no tile`` for a
-    contraction) and ``bandwidth`` (True where the basis says bandwidth-bound: non-contractions and
-    small tiles)."""
+    kernel outside the contraction families, ``depthwise``, ``small tile``, ``large tile`` or
+    ``no tile`` for a contraction) and ``bandwidth`` (True where the basis says bandwidth-bound:
+    non-contractions, depthwise convolutions and small tiles)."""
     contraction = family.isin(CONTRACTION_FAMILIES).to_numpy()
     side = np.where(contraction, per_distinct(names, _tile_side, np.nan, float), np.nan)
     small = side < SMALL_TILE_SIDE
-    basis = np.where(~contraction, 0, np.where(np.isnan(side), 3, np.where(small, 1, 2))).astype(np.int8)
-    return pd.DataFrame({"tile_side": side, "basis": basis, "bandwidth": ~contraction | small}, index=names.index)
+    depthwise = contraction & per_distinct(names, _depthwise, False, bool)
+    basis = np.where(~contraction, 0, np.where(depthwise, 4, np.where(np.isnan(side), 3, np.where(small, 1, 2))))
+    return pd.DataFrame({"tile_side": side, "basis": basis.astype(np.int8), "bandwidth": ~contraction | small | depthwise},
+                        index=names.index)
 
 # Per basis (BASES order): the share of kernel time on which a class resting on it agreed with
 # Nsight Compute over the committed ncu fixtures (benchmarks/roofline_accuracy.py --by-basis;
 # docs/roofline_gemm.md, H200, 2026-11-28). A prior, not a probability for one kernel.
-BASIS_CONFIDENCE = [0.993, 1.0, 0.607, 0.919]  # family 176 ms, small tile 1.1 ms, large tile 25.8 ms, no tile 29.1 ms
+# family 176 ms, small tile 1.1 ms, large tile 25.8 ms, no tile 27.1 ms, depthwise 1.9 ms
+BASIS_CONFIDENCE = [0.993, 1.0, 0.607, 0.984, 1.0]

@@ -77,6 +77,16 @@ def test_a_tensor_core_gemm_with_a_small_tile_side_is_bandwidth_bound_by_ncu():
     assert (basis.loc[small.index, "tile_side"] < SMALL_TILE_SIDE).all()
 
 
+def test_depthwise_convolutions_are_bandwidth_bound_by_ncu():
+    """cuDNN's conv2d_c1_k1 kernels (EfficientNet-B0's depthwise layers): ncu measures each under
+    the SIMT fp32 ridge (67 / 4.8 ~ 14 FLOP/byte), as the RS/2 FLOP/byte bound says."""
+    t = truth("conv")
+    basis = heuristic_basis(t["name"], families(t["name"]).set_axis(t.index))
+    dw = t[basis["basis"].eq(BASES.index("depthwise")).to_numpy()]
+    assert len(dw) >= 3 and basis.loc[dw.index, "bandwidth"].all()
+    assert (dw["measured"] == "bandwidth").all() and (dw["flop"] / dw["dram_bytes"] < PEAK["fp32"] / BANDWIDTH).all()
+
+
 def test_fp32_simt_gemms_get_no_tile_basis():
     t = all_truth()
     simt = t[t["name"].str.contains("sgemm|ffma")]
