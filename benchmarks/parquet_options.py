@@ -1,4 +1,5 @@
-"""The derived tables' Parquet files, by compression, statistics and part size (issue 36, schema 3).
+"""(Schema 3's layout, replaced in schema 4 by SQL tables, benchmarks/derived_tables.py: run it from a
+checkout of commit 8f4a6f8 or earlier.) The derived tables' Parquet files, by compression, statistics and part size (issue 36, schema 3).
 
     taskset -c 0,1 python benchmarks/parquet_options.py EXPORT.sqlite [--rounds 5]
 

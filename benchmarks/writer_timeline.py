@@ -1,4 +1,5 @@
-"""When the analysis and the run database's writer finish, table by table (issue 36: the critical path).
+"""(Schema 3's layout, replaced in schema 4 by SQL tables, benchmarks/derived_tables.py: run it from a
+checkout of commit 8f4a6f8 or earlier.) When the analysis and the run database's writer finish, table by table (issue 36: the critical path).
 
     python benchmarks/writer_timeline.py EXPORT.sqlite [--work DIR] [--parquet]
 

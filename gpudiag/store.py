@@ -13,8 +13,6 @@ never reads nsys or ncu files directly. Tables (all timestamps ns, sizes bytes):
 - ``ncu_kernels``  kernels measured by Nsight Compute (see :func:`gpudiag.sources.ncu.read_ncu`), if given
 - ``kernel_attribution`` kernel_id -> step, phase, module, op (with shapes where recorded)
 - ``kernel_class``  kernel_id -> family, roofline numbers, class
-- ``parquet``     name, part, data: the tables of :data:`PARQUET_TABLES` (above: ``kernel_attribution``,
-  ``kernel_class``), each as Parquet files (:func:`parquet_parts`)
 
 Each name is stored once (issue 36, part 1, :mod:`gpudiag.sources.names`): the rows of
 ``kernels``, ``runtime_api`` and ``nvtx_ranges`` are in ``kernels_coded`` (and so on), whose name
@@ -25,42 +23,64 @@ on) is a view of the same columns with the text, so SQL reads names as text.
 column changes meaning; readers refuse other versions with a message saying to re-run
 ``gpudiag report``.
 
-The per-kernel tables the analysis derives (:data:`PARQUET_TABLES`) are stored as Parquet inside
-the file, not as SQLite rows: at a million kernels SQLite took 3-5 s to insert them, on the report's
-critical path, and the Parquet files take 0.6 s (docs/scale.md, schema 3). :func:`read_table` reads them;
-:func:`queryable` makes them SQL tables of a connection (temporary, in memory) for SQL readers.
+The per-kernel tables the analysis derives (:data:`DERIVED_TABLES`) are plain SQLite tables since
+schema 4, so the ``sqlite3`` shell, Datasette and sqlite-utils read them with the others (schema 3
+kept them as Parquet BLOBs that only gpudiag could open): their texts as codes with a dictionary and
+a view under the table's name (:mod:`gpudiag.derived_text`), written by the background writer through
+ADBC like the export's tables (benchmarks/derived_tables.py, docs/notes/measurements.md 2026-11-28).
+
+The store's state for a database this process writes (its frames kept in memory, its meta as
+written, its background writer, the columns released from memory) lives on the
+:class:`RunDatabase` object itself, not in module globals.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 import sqlite_utils
 
+from gpudiag import derived_text
 from gpudiag.version import __version__
 from gpudiag.sources import names
 from gpudiag.sources.columnar import as_read_back
 
-SCHEMA_VERSION = 3  # 2: name columns as codes into ``names``; 3: PARQUET_TABLES in ``parquet``
+SCHEMA_VERSION = 4  # 2: name columns as codes into ``names``; 3: derived tables as Parquet BLOBs; 4: as tables
 RUN_DB_NAME = "run.sqlite"
 
 EXPORT_TABLES = ("kernels", "runtime_api", "memcpy", "memset", "sync", "nvtx_ranges", "devices")
-PARQUET_TABLES = ("kernel_attribution", "kernel_class")  # stored as Parquet (module docstring)
-PARQUET_TABLE = "parquet"  # name, part, data (one Parquet file of a PARQUET_TABLES table)
-# A Parquet part holds at most this many rows and bytes: SQLite's largest value is 1e9 bytes
-# (SQLITE_MAX_LENGTH); a million kernels' attribution took 22 MiB (docs/scale.md), but rows of long
-# distinct texts (op_args) could make a part far larger, and such a part is halved until it fits.
-PARQUET_PART_ROWS = 1_000_000
-PARQUET_PART_BYTES = 256 * 2**20
+DERIVED_TABLES = ("kernel_attribution", "kernel_class")  # written by the analysis, one row per kernel
 
 
 class StoreError(ValueError):
-    """A run database that cannot be read (other schema version, not a run database)."""
+    """A run database that cannot be read (other schema version, not a run database, a damaged or
+    missing table); the message names the file, the table and what to run."""
+
+
+REBUILD = "re-run 'gpudiag report EXPORT -o RUN_DIR --force' on the nsys export to rebuild it"
+
+
+class RunDatabase(sqlite_utils.Database):
+    """A run database with the store's state for it: ``frames`` (table -> frame kept in memory, as it
+    reads back from the file), ``meta`` (as written, or None), ``writer`` (its background
+    :class:`_Writer`, or None) and ``released`` (table -> columns dropped from its frame in memory)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.frames: dict[str, pd.DataFrame] = {}
+        self.meta: dict | None = None
+        self.writer: _Writer | None = None
+        self.released: dict[str, set[str]] = {}
+
+
+def _state(db: sqlite_utils.Database) -> RunDatabase | None:
+    """``db`` where it carries the store's state (a :class:`RunDatabase`), else None: a database
+    opened by another reader has nothing in memory and no writer."""
+    return db if isinstance(db, RunDatabase) else None
 
 
 # Rows handed to pandas per to_sql call. pandas turns every column of the frame it is given into
@@ -73,72 +93,42 @@ def write_table(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
     """Replace table ``name`` with ``df``. sqlite-utils creates the table from the column types;
     pandas streams the rows (a per-row Python insert would not scale to millions of kernels), in
     slices of :data:`ROWS_PER_WRITE` rows. Where ``db`` writes in the background
-    (:func:`create_run_db` with ``background``), the table is queued there; :func:`flush` waits.
-    The tables of :data:`PARQUET_TABLES` are stored as Parquet files (:func:`parquet_parts`)."""
-    _in_memory(db).pop(name, None)
-    _released(db).pop(name, None)
+    (:func:`create_run_db` with ``background``), the table is queued there; :func:`flush` waits."""
+    if (state := _state(db)) is not None:
+        state.frames.pop(name, None)
+        state.released.pop(name, None)
     _queue(db, name, df)
 
 
 def _queue(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
     """Write ``df`` as table ``name`` now, or queue it where ``db`` writes in the background."""
-    if name in PARQUET_TABLES:  # made here: the writer thread is busy with the export's tables (docs/scale.md)
-        parts = parquet_parts(df)
-        _call(db, lambda d: _write_parts(d, name, parts), name)
+    if name in DERIVED_TABLES:  # texts once, as codes (gpudiag.derived_text), on the writer's turn
+        coded, text = derived_text.split(df)
+        _call(db, lambda d: _write_derived(d, name, coded, text, list(df.columns)), name)
         return
-    writer = _WRITERS.get(db)
+    writer = _writer(db)
     if writer is not None:
         writer.submit(name, df)
         return
     _write(db, name, df)
 
 
-def parquet_parts(df: pd.DataFrame) -> list[bytes]:
-    """``df`` as Parquet files (lz4, no column statistics) of at most :data:`PARQUET_PART_ROWS` rows
-    and :data:`PARQUET_PART_BYTES` bytes each, in row order (one file for an empty frame, holding the
-    columns). Dictionary-encoded columns stay so. lz4 without statistics in 1 M-row parts took half
-    the time of zstd with statistics in 250,000-row parts (1 M kernels' two tables: 0.50 against
-    1.01 s, median of 5; docs/scale.md); nothing reads the statistics."""
-    parts = []
-    for start in range(0, max(len(df), 1), PARQUET_PART_ROWS):
-        parts.extend(_parquet_within_limit(df.iloc[start:start + PARQUET_PART_ROWS]))
-    return parts
+def _writer(db: sqlite_utils.Database) -> _Writer | None:
+    state = _state(db)
+    return state.writer if state is not None else None
 
 
-def _parquet_within_limit(df: pd.DataFrame) -> list[bytes]:
-    """``df`` as one Parquet file, or halves of it in order where the file would exceed
-    :data:`PARQUET_PART_BYTES` (rows of long distinct texts)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    buffer = pa.BufferOutputStream()
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), buffer, compression="lz4", write_statistics=False)
-    data = buffer.getvalue().to_pybytes()
-    if len(data) <= PARQUET_PART_BYTES or len(df) <= 1:
-        return [data]
-    half = len(df) // 2
-    return _parquet_within_limit(df.iloc[:half]) + _parquet_within_limit(df.iloc[half:])
-
-
-def _write_parts(db: sqlite_utils.Database, name: str, parts: list[bytes]) -> None:
-    """Table ``name``'s Parquet ``parts`` into the ``parquet`` table, replacing any it held."""
-    db.conn.execute(f'CREATE TABLE IF NOT EXISTS "{PARQUET_TABLE}" (name TEXT, part INTEGER, data BLOB)')
-    db.conn.execute(f'DELETE FROM "{PARQUET_TABLE}" WHERE name = ?', (name,))
-    db.conn.executemany(f'INSERT INTO "{PARQUET_TABLE}" VALUES (?, ?, ?)', [(name, i, p) for i, p in enumerate(parts)])
+def _write_derived(db: sqlite_utils.Database, name: str, coded: pd.DataFrame, text: pd.DataFrame,
+                   columns: list[str]) -> None:
+    """A derived table as ``NAME_coded`` rows, its texts in ``NAME_text`` and the view ``NAME``."""
+    coded_name, text_name = names.coded_table(name), name + derived_text.TEXT_SUFFIX
+    for old in (name, coded_name, text_name):
+        if old in db.view_names() or old in db.table_names():
+            db[old].drop()
+    _write_rows(db, coded_name, coded)
+    _write_rows(db, text_name, text)
+    db.conn.execute(derived_text.view_sql(name, coded_name, text_name, columns, list(text["column"].unique())))
     db.conn.commit()
-
-
-def _read_parts(db: sqlite_utils.Database, name: str) -> pd.DataFrame:
-    """Table ``name`` of :data:`PARQUET_TABLES` from its Parquet parts (empty if it has none)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if PARQUET_TABLE not in db.table_names():
-        return pd.DataFrame()
-    rows = db.conn.execute(f'SELECT data FROM "{PARQUET_TABLE}" WHERE name = ? ORDER BY part', (name,)).fetchall()
-    if not rows:
-        return pd.DataFrame()
-    return pa.concat_tables([pq.read_table(pa.BufferReader(data)) for (data,) in rows]).to_pandas()
 
 
 def _write(db: sqlite_utils.Database, name: str, df: pd.DataFrame) -> None:
@@ -210,7 +200,7 @@ PAGE_SIZE = 65536  # bytes, SQLite's largest (https://www.sqlite.org/pragma.html
 
 
 def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict, background: bool = False,
-                  released: dict[str, tuple[str, ...]] | None = None) -> sqlite_utils.Database:
+                  released: dict[str, tuple[str, ...]] | None = None) -> RunDatabase:
     """Write a fresh run database at ``path`` (an existing file is replaced) from ``tables``.
 
     With ``background``, the tables are written by one thread of this process while the caller
@@ -225,21 +215,21 @@ def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict, backg
     other (5 M kernels: 0.27 GB of the report's peak, docs/scale.md)."""
     if path.exists():
         path.unlink()
-    db = sqlite_utils.Database(path)
+    db = RunDatabase(path)
     # 64 KiB pages (set before the first table, it fixes the file's page size): the writer, the
     # 1 M report's critical path, took 7-9 s instead of 9-11 s for the four large tables
     # (benchmarks/writer_pragmas.py, docs/scale.md)
     db.conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
     full_meta = {"schema_version": SCHEMA_VERSION, "gpudiag_version": __version__, **meta}
     db["meta"].insert_all([{"key": k, "value": json.dumps(v)} for k, v in full_meta.items()], pk="key")
-    _META[db] = json.loads(json.dumps(full_meta))  # as read_meta reads it back
+    db.meta = json.loads(json.dumps(full_meta))  # as read_meta reads it back
     if background:
         db.conn.commit()
-        _WRITERS[db] = _Writer(path)
+        db.writer = _Writer(path)
     # The analysis that follows reads these frames, not the file: reading millions of rows back
     # cost as much as writing them (docs/scale.md). Kept before the writes are queued: a release
     # (below) always finds its frame.
-    _in_memory(db).update({name: as_read_back(df) for name, df in tables.items()})
+    db.frames.update({name: as_read_back(df) for name, df in tables.items()})
     dtype = names.dtype_of(tables)
     if dtype is not None:
         write_table(db, names.NAMES_TABLE, names.codes_frame(dtype))
@@ -253,15 +243,15 @@ def create_run_db(path: Path, tables: dict[str, pd.DataFrame], meta: dict, backg
     return db
 
 
-def _release(db: sqlite_utils.Database, name: str, columns: tuple[str, ...]) -> None:
+def _release(db: RunDatabase, name: str, columns: tuple[str, ...]) -> None:
     """Drop ``columns`` from the frame of ``name`` kept in memory (create_run_db's ``released``)."""
-    kept = _in_memory(db).get(name)
+    kept = db.frames.get(name)
     if kept is None:
         return
     gone = [c for c in columns if c in kept.columns]
     # said first: a reader that finds the smaller frame also finds what it lacks (read_table)
-    _released(db)[name] = set(gone)
-    _in_memory(db)[name] = kept.drop(columns=gone)
+    db.released[name] = set(gone)
+    db.frames[name] = kept.drop(columns=gone)
 
 
 class _Writer:
@@ -301,7 +291,7 @@ class _Writer:
 
 def _call(db: sqlite_utils.Database, fn, name: str | None = None) -> None:
     """``fn(db)`` now, or queued behind the background writes (as table ``name``'s, if given)."""
-    writer = _WRITERS.get(db)
+    writer = _writer(db)
     if writer is not None:
         writer.call(fn, name)
     else:
@@ -311,7 +301,7 @@ def _call(db: sqlite_utils.Database, fn, name: str | None = None) -> None:
 def flush(db: sqlite_utils.Database) -> None:
     """Wait until every table queued for ``db`` is in its file; raise the first write's error.
     Later writes are made at once. A no-op where nothing writes in the background."""
-    writer = _WRITERS.pop(db, None)
+    writer = _take_writer(db)
     if writer is not None:
         error = writer.close()
         if error is not None:
@@ -321,33 +311,50 @@ def flush(db: sqlite_utils.Database) -> None:
 def close(db: sqlite_utils.Database) -> None:
     """Wait for ``db``'s background writes (their error, if any, is left to :func:`flush`'s
     caller: this runs in ``finally`` blocks, after another error) and close its connection."""
-    writer = _WRITERS.pop(db, None)
+    writer = _take_writer(db)
     if writer is not None:
         writer.close()
     db.conn.close()
 
 
+def _take_writer(db: sqlite_utils.Database) -> _Writer | None:
+    """``db``'s background writer, now detached from it (later writes are made at once)."""
+    state = _state(db)
+    if state is None:
+        return None
+    writer, state.writer = state.writer, None
+    return writer
+
+
 def read_meta(db: sqlite_utils.Database) -> dict:
     """The ``meta`` table as a dict. Raises :class:`StoreError` for another schema version."""
-    if db in _META:  # written by this process: the file may still be being written (create_run_db)
-        return json.loads(json.dumps(_META[db]))
+    state = _state(db)
+    if state is not None and state.meta is not None:  # written by this process: the file may still be being written
+        return json.loads(json.dumps(state.meta))
     if "meta" not in db.table_names():
-        raise StoreError(f"{db.conn}: not a gpudiag run database (no meta table)")
+        raise StoreError(f"{_file_name(db)}: not a gpudiag run database (no meta table)")
     meta = {row["key"]: json.loads(row["value"]) for row in db["meta"].rows}
     if meta.get("schema_version") != SCHEMA_VERSION:
-        raise StoreError(f"run database schema {meta.get('schema_version')} is not {SCHEMA_VERSION}; "
-                         "re-run 'gpudiag report' on the nsys export to rebuild it")
+        raise StoreError(f"{_file_name(db)}: run database schema {meta.get('schema_version')} is not {SCHEMA_VERSION} "
+                         f"(tables {', '.join(DERIVED_TABLES)} are stored differently); {REBUILD}")
     return meta
+
+
+def _file_name(db: sqlite_utils.Database) -> str:
+    return _database_file(db) or "run database (in memory)"
 
 
 def read_table(db: sqlite_utils.Database, name: str, without: tuple[str, ...] = ()) -> pd.DataFrame:
     """Table ``name`` as a DataFrame (empty if the table does not exist), less the columns
     ``without`` (where it has them). Tables this process wrote with :func:`create_run_db` come from
     memory, as they would read back from the file, unless their frame in memory lacks a column
-    not in ``without`` (create_run_db's ``released``); the tables of :data:`PARQUET_TABLES` from
-    their Parquet files (dictionary-encoded columns as Categoricals)."""
-    kept = _in_memory(db).get(name)  # before what it lacks: the writer thread says that first (_release)
-    if kept is not None and _released(db).get(name, set()) <= set(without):
+    not in ``without`` (create_run_db's ``released``); the tables of :data:`DERIVED_TABLES` from
+    their rows, text columns as Categoricals. Raises :class:`StoreError` for a file of another schema,
+    and for a damaged or missing table of :data:`DERIVED_TABLES` (naming the file, the table and the
+    command that rebuilds it)."""
+    state = _state(db)
+    kept = state.frames.get(name) if state is not None else None  # before what it lacks: the writer says that first
+    if kept is not None and state.released.get(name, set()) <= set(without):
         # a new frame over the same columns (copy-on-write): the caller's changes stay its own
         return kept.drop(columns=[c for c in without if c in kept.columns])
     df = _read_stored(db, name)
@@ -356,38 +363,40 @@ def read_table(db: sqlite_utils.Database, name: str, without: tuple[str, ...] = 
 
 def _read_stored(db: sqlite_utils.Database, name: str) -> pd.DataFrame:
     """Table ``name`` as the file holds it (after the queued writes), empty if it does not."""
-    writer = _WRITERS.get(db)
+    writer = _writer(db)
     if writer is not None and name not in writer.pending:
         return pd.DataFrame()  # a fresh database's file holds only meta and the queued tables
     flush(db)
-    if name in PARQUET_TABLES:
-        return _read_parts(db, name)
+    state = _state(db)
+    if (state is None or state.meta is None) and "meta" in db.table_names():
+        read_meta(db)  # a file of another schema: one StoreError, not empty frames
+    try:
+        return _read_rows(db, name)
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:  # a damaged page: "... is malformed"
+        reason = str(exc).rsplit(": ", 1)[-1]  # pandas wraps sqlite3's words in the SQL it ran
+        raise StoreError(f"{_file_name(db)}: table {name} cannot be read ({reason}); {REBUILD}") from None
+
+
+def _read_rows(db: sqlite_utils.Database, name: str) -> pd.DataFrame:
     table = _rows_table(db, name)
     if table not in db.table_names():
+        if name in DERIVED_TABLES and "meta" in db.table_names():
+            raise StoreError(f"{_file_name(db)}: table {name} is missing; {REBUILD}")
         return pd.DataFrame()
     df = pd.read_sql_query(f'SELECT * FROM "{table}"', db.conn)
+    if name in DERIVED_TABLES:  # as the analysis wrote them: text as Categoricals
+        text = pd.read_sql_query(f'SELECT * FROM "{name}{derived_text.TEXT_SUFFIX}"', db.conn)
+        return derived_text.joined(df, text)
     if table != name:  # names as codes: decoded through the names table, not through the view
         df = names.decoded(df, name, pd.read_sql_query(f'SELECT * FROM "{names.NAMES_TABLE}"', db.conn))
     return df
 
 
 def queryable(db: sqlite_utils.Database) -> sqlite3.Connection:
-    """``db``'s connection, on which each table of :data:`PARQUET_TABLES` the file holds is also an
-    SQL table (a temporary one of this connection, made again from the Parquet parts at each call;
-    names as text, NaN as NULL), so SQL joins it with the others as before schema 3, e.g.
-    ``SELECT k.name, c.kernel_class FROM kernels k JOIN kernel_class c USING (kernel_id)``. A copy
-    through Python rows: for reading a run database with SQL (inspection, tests), not for the
-    analysis, which reads frames (:func:`read_table`)."""
-    for name in PARQUET_TABLES:
-        db.conn.execute(f'DROP TABLE IF EXISTS temp."{name}"')
-        df = read_table(db, name)
-        if df.columns.empty:
-            continue
-        df = df.astype({c: object for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)})
-        db.conn.execute(pd.io.sql.get_schema(df, name, con=db.conn).replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
-        rows = df.astype(object).where(df.notna(), None).itertuples(index=False, name=None)
-        db.conn.executemany(f'INSERT INTO temp."{name}" VALUES ({", ".join("?" * len(df.columns))})', rows)
-    db.conn.commit()
+    """``db``'s connection once its queued writes are in the file: every table, the derived ones
+    included (schema 4), is an SQL table there, e.g.
+    ``SELECT k.name, c.kernel_class FROM kernels k JOIN kernel_class c USING (kernel_id)``."""
+    flush(db)
     return db.conn
 
 
@@ -395,17 +404,3 @@ def _rows_table(db: sqlite_utils.Database, name: str) -> str:
     """The table holding ``name``'s rows: its coded table where there is one, else ``name``."""
     coded = names.coded_table(name)
     return coded if coded in db.table_names() else name
-
-
-_FRAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run database -> {table: frame}
-_META: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run database -> its meta, as written
-_WRITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run database -> its background _Writer
-_RELEASED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run database -> {table: columns not in memory}
-
-
-def _released(db: sqlite_utils.Database) -> dict[str, set[str]]:
-    return _RELEASED.setdefault(db, {})
-
-
-def _in_memory(db: sqlite_utils.Database) -> dict[str, pd.DataFrame]:
-    return _FRAMES.setdefault(db, {})

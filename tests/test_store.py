@@ -44,7 +44,7 @@ def test_arrow_writes_what_to_sql_writes(name, export_path, tmp_path, monkeypatc
     bulk.conn.commit()
     plain.conn.commit()
     got, want = _contents(tmp_path / "bulk.sqlite"), _contents(tmp_path / "plain.sqlite")
-    assert got.keys() == want.keys() and {"kernels_coded", "names", store.PARQUET_TABLE, "steps"} <= set(got)
+    assert got.keys() == want.keys() and {"kernels_coded", "names", "kernel_class_coded", "kernel_class_text", "kernel_attribution_coded", "steps"} <= set(got)
     for table in want:
         assert got[table][0] == want[table][0], table
         assert len(got[table][1]) == len(want[table][1]), table
@@ -89,7 +89,7 @@ def test_a_background_write_gives_the_same_file_and_report(name, export_path, tm
     back.conn.commit()
     line.conn.commit()
     got, want = _contents(tmp_path / "back.sqlite"), _contents(tmp_path / "line.sqlite")
-    assert got == want and {"kernels_coded", "names", store.PARQUET_TABLE, "steps"} <= set(got)
+    assert got == want and {"kernels_coded", "names", "kernel_class_coded", "kernel_class_text", "kernel_attribution_coded", "steps"} <= set(got)
     assert report_back == report_line
 
 
@@ -149,68 +149,104 @@ def test_a_full_disk_in_the_writer_thread_is_one_line(tmp_path, export_path, mon
     assert not (tmp_path / "new").exists()
 
 
-# ---- the derived per-kernel tables as Parquet (schema 3, issue 36: docs/scale.md) ---------------------
+# ---- the derived per-kernel tables as SQLite tables (schema 4, issue 47 part 2) --------------------------
+
+CHECK_WITHOUT_GPUDIAG = """
+import sqlite3, sys
+con = sqlite3.connect(sys.argv[1])
+print(dict(con.execute("select kernel_class, count(*) from kernel_class group by 1").fetchall()))
+print(con.execute("select count(*) from kernel_attribution join kernels using (kernel_id)").fetchone()[0])
+print('gpudiag' in sys.modules)
+"""
+
 
 @pytest.mark.parametrize("name", ["gpt2_train_bf16", "towers_inference"])
-def test_parquet_tables_read_with_sql_as_sqlite_rows_stored_them(name, export_path, tmp_path, monkeypatch):
-    """The oracle is schema 2's storage: the frames the analysis hands to ``write_table`` for the
-    Parquet tables, written as SQLite rows (``_write``), give the same declared types, values and
-    storage classes as the same tables read with SQL through :func:`store.queryable`."""
-    written: list[pd.DataFrame] = []
-    parts = store.parquet_parts
+def test_the_derived_tables_are_read_with_sql_without_gpudiag(name, export_path, tmp_path):
+    """The issue's check, `select kernel_class, count(*) from kernel_class group by 1`, in a Python that
+    imports only sqlite3, against the frames the analysis itself holds; and with the sqlite3 shell where
+    the machine has one."""
+    import ast
+    import shutil
+    import subprocess
+    import sys
 
-    def recorded(df: pd.DataFrame) -> list[bytes]:
-        written.append(df)
-        return parts(df)
-
-    monkeypatch.setattr(store, "parquet_parts", recorded)
-    db = ingest(export_path(name), tmp_path / "run.sqlite")
+    db = ingest(export_path(name), tmp_path / "run.sqlite", background=True)
     analyse(db)
-    conn = store.queryable(db)
-    rows = sqlite_utils.Database(tmp_path / "rows.sqlite")
-    for table, df in zip(store.PARQUET_TABLES, written):
-        store._write(rows, table, df)
-        rows.conn.commit()
-        cols = [r[1] for r in rows.conn.execute(f'PRAGMA table_info("{table}")')]
-        assert [r[1] for r in conn.execute(f'PRAGMA temp.table_info("{table}")')] == cols
-        typed = ", ".join(f'"{c}", typeof("{c}")' for c in cols)
-        query = f'SELECT {typed} FROM "{table}" ORDER BY kernel_id'
-        assert conn.execute(query).fetchall() == rows.conn.execute(query).fetchall(), table
-    assert len(written) == 2 and "kernel_attribution" not in db.table_names()
+    classes = store.read_table(db, "kernel_class")["kernel_class"].value_counts().to_dict()
+    kernels = len(store.read_table(db, "kernels"))
+    store.flush(db)
+    db.conn.close()
+    out = subprocess.run([sys.executable, "-c", CHECK_WITHOUT_GPUDIAG, str(tmp_path / "run.sqlite")],
+                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout.splitlines()
+    assert ast.literal_eval(out[0]) == classes and int(out[1]) == kernels and out[2] == "False"
+    if shutil.which("sqlite3"):
+        shell = subprocess.run(["sqlite3", str(tmp_path / "run.sqlite"),
+                                "select kernel_class, count(*) from kernel_class group by 1"],
+                               capture_output=True, text=True, check=True).stdout
+        assert dict((c, int(n)) for c, n in (line.split("|") for line in shell.split())) == classes
 
 
-def test_a_parquet_table_in_parts_reads_back_whole(tmp_path, monkeypatch):
-    """More rows than a part holds: several parts, read back in order as the frame written
-    (dictionary-encoded columns as Categoricals, NaN kept); written again, the old parts go."""
-    monkeypatch.setattr(store, "PARQUET_PART_ROWS", 4)
+def test_a_derived_table_reads_back_as_written(tmp_path):
+    """Text as Categoricals, NaN kept, through a database opened afresh; written again, replaced."""
     df = pd.DataFrame({"kernel_id": range(10), "flop": [1.5, None] * 5,
                        "family": pd.Categorical(["gemm", "copy"] * 5), "op": ["a", None, "c", "d", "e"] * 2})
+    store.write_table(sqlite_utils.Database(tmp_path / "run.sqlite"), "kernel_class", df)
+    back = store.read_table(sqlite_utils.Database(tmp_path / "run.sqlite"), "kernel_class")
+    pd.testing.assert_frame_equal(back.astype({"op": df["op"].dtype}), df, check_categorical=False)
+    assert isinstance(back["family"].dtype, pd.CategoricalDtype)
     db = sqlite_utils.Database(tmp_path / "run.sqlite")
-    store.write_table(db, "kernel_class", df)
-    assert db.conn.execute("SELECT count(*) FROM parquet WHERE name = 'kernel_class'").fetchone() == (3,)
-    pd.testing.assert_frame_equal(store.read_table(db, "kernel_class"), df)
     store.write_table(db, "kernel_class", df.iloc[:2])
-    assert db.conn.execute("SELECT count(*) FROM parquet").fetchone() == (1,)
     assert store.queryable(db).execute("SELECT kernel_id, flop, family, op FROM kernel_class").fetchall() == \
         [(0, 1.5, "gemm", "a"), (1, None, "copy", None)]
 
 
-def test_a_parquet_part_over_the_byte_limit_is_halved_until_it_fits(tmp_path, monkeypatch):
-    """Rows of long distinct texts: a part larger than PARQUET_PART_BYTES is split in row order, each
-    piece under the limit (or one row), and the table reads back whole."""
-    texts = [os.urandom(1500).hex() for _ in range(40)]  # incompressible: a part's size follows its rows
-    df = pd.DataFrame({"kernel_id": range(40), "op_args": texts})
-    whole = store.parquet_parts(df)
-    assert len(whole) == 1
-    monkeypatch.setattr(store, "PARQUET_PART_BYTES", len(whole[0]) // 5)
-    parts = store.parquet_parts(df)
-    assert len(parts) >= 5 and all(len(p) <= store.PARQUET_PART_BYTES for p in parts)
-    db = sqlite_utils.Database(tmp_path / "run.sqlite")
-    store.write_table(db, "kernel_attribution", df)
-    pd.testing.assert_frame_equal(store.read_table(db, "kernel_attribution"), df)
+@pytest.fixture
+def analysed_file(export_path, tmp_path):
+    """A run database file analysed from a real export, closed."""
+    db = ingest(export_path("gpt2_train_bf16"), tmp_path / "run.sqlite")
+    analyse(db)
+    db.conn.commit()
+    db.conn.close()
+    return tmp_path / "run.sqlite"
 
 
-def test_an_empty_parquet_table_keeps_its_columns_and_an_absent_one_reads_empty(tmp_path):
+def _store_error(path, table: str) -> str:
+    with pytest.raises(store.StoreError) as info:
+        store.read_table(sqlite_utils.Database(path), table)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message and "gpudiag report" in message
+    return message
+
+
+def test_a_damaged_derived_table_is_one_store_error_naming_file_and_table(analysed_file):
+    con = sqlite3.connect(analysed_file)
+    root = con.execute("SELECT rootpage FROM sqlite_master WHERE name = 'kernel_class_coded'").fetchone()[0]
+    page = con.execute("PRAGMA page_size").fetchone()[0]
+    con.close()
+    with open(analysed_file, "r+b") as f:  # the table's root page overwritten: SQLite calls the file malformed
+        f.seek((root - 1) * page)
+        f.write(os.urandom(page))
+    assert "kernel_class" in _store_error(analysed_file, "kernel_class")
+
+
+def test_a_missing_derived_table_is_one_store_error(analysed_file):
+    con = sqlite3.connect(analysed_file)
+    con.execute("DROP TABLE kernel_attribution_coded")
+    con.commit()
+    con.close()
+    assert "kernel_attribution is missing" in _store_error(analysed_file, "kernel_attribution")
+
+
+def test_a_file_of_an_older_schema_is_one_store_error_not_empty_frames(analysed_file):
+    con = sqlite3.connect(analysed_file)
+    con.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    con.commit()
+    con.close()
+    for table in ("kernels", "kernel_class"):
+        assert "schema 3" in _store_error(analysed_file, table)
+
+
+def test_an_empty_derived_table_keeps_its_columns_and_an_absent_one_reads_empty(tmp_path):
     db = sqlite_utils.Database(tmp_path / "run.sqlite")
     assert store.read_table(db, "kernel_attribution").empty
     store.write_table(db, "kernel_attribution", pd.DataFrame({"kernel_id": pd.Series([], dtype="int64"),

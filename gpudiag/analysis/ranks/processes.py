@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pandas as pd
 import sqlite_utils
 
-from gpudiag import store
+from gpudiag import derived_text, store
 from gpudiag.analysis.attribution.families import COMMUNICATION, families
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.ingest import Tables
@@ -106,7 +106,8 @@ def analyse_process(run_db: str, global_pid: int, options: dict, analyse: Callab
 
 
 # Tables the analysis writes (it replaces them): not copied for a rank's analysis.
-DERIVED_TABLES = ("kernel_attribution", "kernel_class", "steps", store.PARQUET_TABLE)
+DERIVED_TABLES = ("kernel_attribution", "kernel_class", "steps",
+                  *(f"{t}{suffix}" for t in store.DERIVED_TABLES for suffix in (names.CODED_SUFFIX, derived_text.TEXT_SUFFIX)))
 
 
 def process_copy(run_db: str, global_pid: int) -> sqlite3.Connection:
@@ -139,8 +140,9 @@ def process_copy(run_db: str, global_pid: int) -> sqlite3.Connection:
                     where += f" OR name IN ({','.join('?' * len(comm_names))})"
                     args += tuple(comm_names)
             mem.execute(f'INSERT INTO main."{name}" SELECT * FROM src."{name}"{where} ORDER BY rowid', args)
-        for (sql,) in mem.execute("SELECT sql FROM src.sqlite_master WHERE type = 'view'").fetchall():
-            mem.execute(sql)  # the name views (gpudiag.store), over the tables just copied
+        for name, sql in mem.execute("SELECT name, sql FROM src.sqlite_master WHERE type = 'view'").fetchall():
+            if name not in DERIVED_TABLES:  # the name views (gpudiag.store), over the tables just copied
+                mem.execute(sql)
         mem.commit()
     except BaseException:
         mem.close()

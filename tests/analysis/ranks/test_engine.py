@@ -26,7 +26,7 @@ from gpudiag.analysis.ingest import FILE_SHIFT, ingest_many
 from gpudiag.analysis.ranks.comm import TRANSFER_TABLE
 from gpudiag.analysis.ranks.processes import DERIVED_TABLES, os_pid, process_copy
 from gpudiag.cli.main import cli
-from gpudiag.store import PARQUET_TABLE, PARQUET_TABLES
+from gpudiag.store import DERIVED_TABLES as STORE_DERIVED
 from gpudiag.app.options import AnalysisOptions
 from gpudiag.app.report import ingest_and_analyse
 
@@ -100,11 +100,13 @@ def test_rank_exports_as_files_on_the_scheduler(cluster, pool_report, rank_expor
     copy = process_copy(str(run_db), pid)
     assert copy.execute("SELECT COUNT(DISTINCT global_pid) FROM kernels").fetchone()[0] == 1
     assert copy.execute(f"SELECT COUNT(*) FROM {TRANSFER_TABLE}").fetchone()[0] > 0
-    # the tables the job's analysis derived (schema 3: two of them Parquet parts) are not copied
+    # the tables the job's analysis derived (schema 4: two of them codes, texts and a view) are not copied
     with sqlite3.connect(run_db) as run:
-        assert {r[0] for r in run.execute("SELECT DISTINCT name FROM parquet")} == set(PARQUET_TABLES)
-    copied = {r[0] for r in copy.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert PARQUET_TABLE in DERIVED_TABLES and not copied & set(DERIVED_TABLES)
+        stored = {r[0] for r in run.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+    assert {f"{t}{s}" for t in STORE_DERIVED for s in ("", "_coded", "_text")} <= stored
+    copied = {r[0] for r in copy.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+    assert {f"{t}{s}" for t in STORE_DERIVED for s in ("", "_coded", "_text")} <= set(DERIVED_TABLES)
+    assert not copied & set(DERIVED_TABLES)
 
 
 def test_a_folder_and_a_glob_give_the_same_ranks(cluster, rank_exports, pool_report, tmp_path):
