@@ -16,7 +16,6 @@ with one line naming the file and the fix, as the command line prints them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import pandas as pd
 from gpudiag.app import frames
 from gpudiag.app.gate import gate_result, gated, load_config
 from gpudiag.app.options import AnalysisOptions
-from gpudiag.app.report import analyse
+from gpudiag.app.report import Report, load_report
 from gpudiag.errors import UserError
 
 __all__ = ["Run", "UserError", "load", "profile", "STEP_COLUMNS", "KERNEL_COLUMNS", "RECOMMENDATION_COLUMNS",
@@ -44,11 +43,8 @@ class Run:
 
     Made by :func:`load`; each table property builds a new frame (edit it freely)."""
 
-    def __init__(self, report: dict, source: str) -> None:
-        from gpudiag.renderers import json_report
-
-        self._json = json_report.to_json(report)  # the exact text gpudiag report writes to report.json
-        self.report: dict = json.loads(self._json)  #: report.json's content (JSON types; NaN is None)
+    def __init__(self, report: Report, source: str) -> None:
+        self.report: Report = report  #: the finished report: the object report.json is written from
         self.source: str = source  #: the path it was loaded from, as given
 
     def __repr__(self) -> str:
@@ -120,9 +116,12 @@ class Run:
     def to_json(self, path: str | Path | None = None) -> str | Path:
         """report.json's text (what ``gpudiag report`` writes); written to ``path`` if given, which
         is returned instead."""
+        from gpudiag.renderers import json_report
+
+        text = json_report.to_json(self.report)
         if path is None:
-            return self._json
-        Path(path).write_text(self._json, encoding="utf-8")
+            return text
+        Path(path).write_text(text, encoding="utf-8")
         return Path(path)
 
     def to_html(self, path: str | Path | None = None) -> str | Path:
@@ -137,7 +136,7 @@ class Run:
         return Path(path)
 
     def compare(self, other: Run, *, config: str | Path | None = None,
-                allow_different_hardware: bool = False) -> dict:
+                allow_different_hardware: bool = False, force: bool = False) -> dict:
         """``gpudiag gate``'s comparison of this run (the baseline) with ``other`` (the candidate):
         its ``--format json`` dict, with ``verdict`` (pass, regression...), ``exit_code`` (0 pass,
         1 regression) and ``metrics``, one dict per metric (``name``, ``unit``, ``baseline_median``,
@@ -145,13 +144,14 @@ class Run:
         ``verdict``): ``pandas.DataFrame(result["metrics"])`` is a table. ``config``: a TOML file
         with a ``[tool.gpudiag.gate]`` table (as ``--config``); None uses the defaults (unlike the
         command, it does not read ./pyproject.toml). Raises UserError (exit code 3) when the runs
-        are not comparable: other GPU, driver or torch (unless ``allow_different_hardware``), or no
-        per-step samples."""
+        are not comparable: other GPU, driver or torch (unless ``allow_different_hardware``), not one
+        workload (another script, or under half the kernel time in kernels both have; unless
+        ``force``, and then ``result["forced"]`` says why it was needed), or no per-step samples."""
         from gpudiag.app.gate import GateConfig
 
         gate_config = load_config(Path(config)) if config is not None else GateConfig()
         return gate_result(gated((self.report, self.source)), gated((other.report, other.source)), gate_config,
-                           allow_different_hardware)
+                           allow_different_hardware, force)
 
 
 def load(path: str | Path | Sequence[str | Path], *, ncu: str | Path | None = None, peaks: str | Path | None = None,
@@ -178,8 +178,8 @@ def load(path: str | Path | Sequence[str | Path], *, ncu: str | Path | None = No
     if not paths:
         raise UserError("no path given: pass a run directory, an nsys SQLite export, or a list of rank exports")
     options = AnalysisOptions(steps_from=steps_from, warmup_steps=warmup_steps)
-    result = analyse([Path(p) for p in paths], options, Path(ncu) if ncu else None, Path(peaks) if peaks else None,
-                     top)
+    result = load_report([Path(p) for p in paths], options, Path(ncu) if ncu else None, Path(peaks) if peaks else None,
+                         top)
     return Run(result, str(path) if len(paths) == 1 and isinstance(path, (str, Path)) else
                ", ".join(str(p) for p in paths))
 

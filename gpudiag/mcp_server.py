@@ -22,7 +22,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from gpudiag.app.gate import gate_result, gated
 from gpudiag.app.options import AnalysisOptions
-from gpudiag.app.report import analyse
+from gpudiag.app.report import load_report
 from gpudiag.errors import UserError
 from gpudiag.version import __version__
 
@@ -58,7 +58,7 @@ def _report(path: Paths, top: int = 20) -> dict:
         if key in _cache:
             return _cache[key]
     try:
-        report = analyse(targets, AnalysisOptions(steps_from=None, warmup_steps=None), top=top)
+        report = load_report(targets, AnalysisOptions(steps_from=None, warmup_steps=None), top=top)
     except UserError as exc:
         raise ToolError(exc.format_message()) from None
     if key is not None:
@@ -141,8 +141,9 @@ def read_recommendations(path: Paths) -> dict[str, Any]:
             "fusion_candidates": report.get("fusion_candidates") or []}
 
 
-def compare_runs(baseline: Paths, candidate: Paths) -> dict[str, Any]:
-    """gpudiag gate's verdict on ``candidate`` against ``baseline`` (default thresholds): verdict
+def compare_runs(baseline: Paths, candidate: Paths, force: bool = False) -> dict[str, Any]:
+    """gpudiag gate's verdict on ``candidate`` against ``baseline`` (default thresholds; runs that
+    are not one workload are refused unless ``force``, as ``gpudiag gate --force``): verdict
     (pass, regression, ...), exit_code (0 pass, 1 regression), and per metric (step_time,
     gpu_busy_time, kernel_launches, family:*, module:* ...) the medians before and after, the
     relative change, the Mann-Whitney p_value and a verdict."""
@@ -150,7 +151,7 @@ def compare_runs(baseline: Paths, candidate: Paths) -> dict[str, Any]:
 
     base, cand = _report(baseline), _report(candidate)
     try:
-        return gate_result(gated((base, str(baseline))), gated((cand, str(candidate))), GateConfig())
+        return gate_result(gated((base, str(baseline))), gated((cand, str(candidate))), GateConfig(), force=force)
     except UserError as exc:
         raise ToolError(exc.format_message()) from None
 

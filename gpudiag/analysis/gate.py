@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from pathlib import Path
 from dataclasses import dataclass, field
 
 # numpy and scipy are imported where used: scipy.stats alone takes over a second to import, and
@@ -168,10 +169,11 @@ def _statistic(metric: Metric) -> float:
 
 
 def baseline_from_report(report: dict) -> dict:
-    """The baseline file's content (meant to be committed): format, source, environment and the
-    per-step samples of every gated metric."""
+    """The baseline file's content (meant to be committed): format, source, environment, the
+    workload (:func:`workload_of`) and the per-step samples of every gated metric."""
     return {"gpudiag_baseline": BASELINE_FORMAT, "source": report.get("source"),
             "gpudiag_version": report.get("gpudiag_version"), "environment": environment_of(report),
+            "workload": workload_of(report),
             "metrics": {m.name: {"unit": m.unit, "direction": m.direction, "statistic": m.statistic,
                                  "samples": m.samples}
                         for m in metrics_from_report(report).values()}}
@@ -232,6 +234,51 @@ def differences(base_env: dict, cur_env: dict) -> list[str]:
     """What differs between two environments; a fact missing on either side is not compared."""
     return [f"{k}: {base_env[k]} -> {cur_env[k]}" for k in base_env
             if base_env.get(k) and cur_env.get(k) and base_env[k] != cur_env[k]]
+
+
+# Two runs of one workload share most of their kernel time in kernels of the same name; unrelated
+# models little. Over the repository's exports (docs/notes/measurements.md, 2026-11-28): the same
+# model and precision 61-68 %, different models 0-41 % (Swin-T against Swin-V2-T the highest).
+SAME_WORKLOAD_PERCENT = 50.0
+
+
+def workload_of(report: dict) -> dict:
+    """What the run profiled: ``script`` (the file name gpudiag's launcher ran; None for an export
+    made without gpudiag) and ``kernels`` (top kernel name -> its share of kernel time, percent)."""
+    status = report.get("script") or {}
+    script = status.get("script") if isinstance(status, dict) else None
+    return {"script": Path(str(script)).name if script else None,
+            "kernels": {k["name"]: k["share_of_kernel_time_percent"] for k in report.get("top_kernels") or []
+                        if k.get("name") is not None and k.get("share_of_kernel_time_percent") is not None}}
+
+
+def workload_from(data: dict) -> dict:
+    """The workload (:func:`workload_of`) of a parsed report.json or baseline file; empty for a
+    baseline saved before baselines recorded it, or anything else."""
+    if not isinstance(data, dict):
+        return {}
+    if data.get("gpudiag_baseline") == BASELINE_FORMAT:
+        return data["workload"] if isinstance(data.get("workload"), dict) else {}
+    try:
+        return workload_of(data)
+    except (AttributeError, KeyError, TypeError):  # an edited report.json: nothing to compare
+        return {}
+
+
+def workload_difference(base: dict, cur: dict) -> str | None:
+    """Why two runs (each :func:`workload_of`) are not one workload, or None. Scripts decide where
+    both runs name one (a precision or compile change keeps the script and renames the kernels);
+    else the time both spend in kernels of the same name, under :data:`SAME_WORKLOAD_PERCENT`."""
+    if base.get("script") and cur.get("script"):
+        return None if base["script"] == cur["script"] else f"script {base['script']} -> {cur['script']}"
+    a, b = base.get("kernels") or {}, cur.get("kernels") or {}
+    if not a or not b:
+        return None
+    shared = sum(min(a[n], b[n]) for n in set(a) & set(b))
+    if shared >= SAME_WORKLOAD_PERCENT:
+        return None
+    return (f"only {shared:.0f} % of kernel time is in kernels both runs have "
+            f"(one workload shares {SAME_WORKLOAD_PERCENT:.0f} % or more)")
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpudiag.analysis import gate as gate_mod
@@ -62,34 +63,55 @@ def load_config(config_file: Path | None) -> gate_mod.GateConfig:
         raise UserError(str(exc), exit_code=exc.exit_code) from None
 
 
-def gated(run: tuple[dict, str]) -> tuple[dict, dict, str]:
-    """(gated metrics, environment, label) of a (parsed report.json or baseline file, label) pair
+@dataclass(frozen=True)
+class GatedRun:
+    """One side of a comparison: its gated ``metrics``, its ``environment`` (GPU, driver, torch),
+    its ``workload`` (:func:`gpudiag.analysis.gate.workload_of`) and its ``label`` (the path given)."""
+
+    metrics: dict
+    environment: dict
+    workload: dict
+    label: str
+
+
+def gated(run: tuple[dict, str]) -> GatedRun:
+    """The :class:`GatedRun` of a (parsed report.json or baseline file, label) pair
     (:func:`read_run`'s answer). Raises UserError, exit 3, when it is neither or has no samples."""
     try:
-        return (*gate_mod.metrics_from(*run), run[1])
+        metrics, env = gate_mod.metrics_from(*run)
     except gate_mod.GateError as exc:
         raise UserError(str(exc), exit_code=exc.exit_code) from None
+    return GatedRun(metrics, env, gate_mod.workload_from(run[0]), run[1])
 
 
-def gate_result(baseline: tuple[dict, dict, str], current: tuple[dict, dict, str], config: gate_mod.GateConfig,
-                allow_different_hardware: bool = False) -> dict:
+def gate_result(baseline: GatedRun, current: GatedRun, config: gate_mod.GateConfig,
+                allow_different_hardware: bool = False, force: bool = False) -> dict:
     """The gate's verdict on two runs, each as :func:`gated` gives it: the ``--format json`` dict
     (verdict, exit_code, baseline and current labels, metrics, ...). The one comparison of
     ``gpudiag gate`` and :meth:`gpudiag.api.Run.compare`. Raises UserError, exit 3, when the runs'
-    GPU, driver or torch differ (unless ``allow_different_hardware``) or no metric is in both."""
+    GPU, driver or torch differ (unless ``allow_different_hardware``), when they are not one workload
+    (:func:`gpudiag.analysis.gate.workload_difference`; unless ``force``, and then the result's
+    ``forced`` says why it was needed) or no metric is in both."""
     from gpudiag.renderers import gate_formats  # imports rich: here, so that --help starts fast
 
-    (base_metrics, base_env, base_label), (cur_metrics, cur_env, cur_label) = baseline, current
-    diffs = gate_mod.differences(base_env, cur_env)
+    base_label, cur_label = baseline.label, current.label
+    diffs = gate_mod.differences(baseline.environment, current.environment)
     if diffs and not allow_different_hardware:
         raise UserError("not comparable: " + "; ".join(diffs) + " (pass --allow-different-hardware to compare anyway)",
                         exit_code=EXIT_NOT_COMPARABLE)
-    comparisons = gate_mod.compare(base_metrics, cur_metrics, config)
+    different = gate_mod.workload_difference(baseline.workload, current.workload)
+    if different and not force:
+        raise UserError(f"not one workload: {base_label} and {cur_label}: {different} "
+                        "(pass --force to compare anyway)", exit_code=EXIT_NOT_COMPARABLE)
+    comparisons = gate_mod.compare(baseline.metrics, current.metrics, config)
     if not any(c.verdict not in ("new", "gone") for c in comparisons):
         raise UserError(f"nothing comparable between {base_label} and {cur_label}: no metric in both",
                         exit_code=EXIT_NOT_COMPARABLE)
     verdict, code = gate_mod.overall(comparisons)
-    return gate_formats.result_dict(comparisons, verdict, code, base_label, cur_label, diffs, config.alpha)
+    result = gate_formats.result_dict(comparisons, verdict, code, base_label, cur_label, diffs, config.alpha)
+    if different:
+        result["forced"] = f"compared with --force though not one workload: {different}"
+    return result
 
 
 def save_baseline(run: Path, output: Path, force: bool) -> tuple[dict, str]:
@@ -109,11 +131,11 @@ def save_baseline(run: Path, output: Path, force: bool) -> tuple[dict, str]:
 
 
 def gate(baseline: Path, current: Path, config_file: Path | None = None,
-         allow_different_hardware: bool = False) -> dict:
+         allow_different_hardware: bool = False, force: bool = False) -> dict:
     """``gpudiag gate``'s verdict of ``current`` against ``baseline`` (each a run directory, a
     report.json or a baseline file), with ``config_file``'s thresholds (else ./pyproject.toml's, else
     the defaults): :func:`gate_result`'s dict. Raises UserError as :func:`read_run`,
     :func:`load_config` and :func:`gate_result`; the first bad run is named."""
     config = load_config(config_file)
     base = gated(read_run(baseline))  # read and checked in this order: the first bad one is named
-    return gate_result(base, gated(read_run(current)), config, allow_different_hardware)
+    return gate_result(base, gated(read_run(current)), config, allow_different_hardware, force)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpudiag.analysis.errors import AnalysisError
+from gpudiag.analysis.finish import Report
 from gpudiag.app.inputs import (analysis_inputs, decompressed, read_report, refuse_overwrites, resolve_sources,
                                 written_report)
 from gpudiag.app.options import AnalysisOptions
@@ -23,10 +24,14 @@ from gpudiag.errors import UserError, internal_error
 
 def write_reports(result: dict, out_dir: Path) -> None:
     """report.json and report.html of ``result`` in ``out_dir``, each renamed into place only when
-    complete (a full disk leaves the old files or none)."""
+    complete (a full disk leaves the old files or none). ``result`` is finished first
+    (:func:`gpudiag.analysis.finish.finish`, idempotent): the trials and ``--verify`` add to a
+    report read back from report.json before it is written again."""
+    from gpudiag.analysis.finish import finish
     from gpudiag.renderers import html, json_report
 
-    write_atomically({out_dir / "report.json": json_report.to_json(result), out_dir / "report.html": html.render(result)})
+    report = finish(result)
+    write_atomically({out_dir / "report.json": json_report.to_json(report), out_dir / "report.html": html.render(report)})
 
 
 def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: AnalysisOptions, status: dict | None = None,
@@ -42,13 +47,15 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
     given, receives the line the terminal shows about the engine (:mod:`gpudiag.app.ranks`), never
     written into the report; exports that cannot be one job's ranks are the report's first
     ``warnings``. ``times``, if given,
-    receives the seconds spent "reading the export" and in the "analysis".
+    receives the seconds spent "reading the export" and in the "analysis". Returns the finished
+    report (:func:`gpudiag.analysis.finish.finish`: distinct labels, JSON values).
 
     The one analysis path of ``gpudiag report``, ``gpudiag profile`` and :func:`gpudiag.load`.
     Raises UserError naming the user's files: exit 2 for a file that is not an export or ncu report
     or a Dask scheduler that cannot be reached, 3 for a capture that cannot be analysed (no
     kernels) or an internal error (said in one line)."""
     from gpudiag import store
+    from gpudiag.analysis.finish import finish
     from gpudiag.analysis.pipeline import analyse
     from gpudiag.analysis.ranks.engine import EngineError, RankEngine
 
@@ -88,7 +95,7 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
 
             note = engine_note(options, len((result.get("ranks") or {}).get("ranks") or []))
             notes.extend([note] if note else [])
-        return result
+        return finish(result)  # the one place the report is finished: every face shows this object
     except EngineError as exc:
         raise UserError(str(exc)) from None
     except AnalysisError as exc:
@@ -213,21 +220,27 @@ def _report_locked(request: ReportRequest, exports: list[Path], status, default_
     ``force``, writes its own)."""
     for export in exports:
         refuse_overwrites(export, out_dir, request.force)
-    if len(exports) > 1 and request.ncu is not None:
-        raise UserError(f"{request.ncu}: --ncu goes with one export; pass it with the export of the rank ncu profiled")
+    inputs = _inputs(request.sources, exports, status, default_dir, request.options, request.ncu, request.peaks_file)
     if request.options.scheduler:  # before the ingest: a wrong address is said at once
         check_scheduler(request.options.scheduler)
-    source = request.sources[0] if len(exports) == 1 else exports[0]
-    inputs = analysis_inputs(source, request.options, request.ncu, request.peaks_file,
-                             resolved=(exports[0], status, default_dir))
     return analyse_and_report(exports if len(exports) > 1 else inputs.export, out_dir, request.options,
                               status=inputs.status, ncu=inputs.ncu, calibration=inputs.calibration,
                               show=(lambda result: show(result, out_dir)) if show else None, notes=request.notes,
                               times=ShownTimes(request.stage) if request.stage else None)
 
 
-def analyse(sources: Sequence[Path], options: AnalysisOptions, ncu: Path | None = None, peaks_file: Path | None = None,
-            top: int = 20, notes: list[str] | None = None) -> dict:
+def _inputs(sources: Sequence[Path], exports: list[Path], status, default_dir: Path, options: AnalysisOptions,
+            ncu: Path | None, peaks_file: Path | None):
+    """The analysis inputs (:func:`gpudiag.app.inputs.analysis_inputs`) of resolved ``sources``, for
+    both :func:`report` and :func:`load_report`. Raises UserError for ``--ncu`` with several exports."""
+    if len(exports) > 1 and ncu is not None:
+        raise UserError(f"{ncu}: --ncu goes with one export; pass it with the export of the rank ncu profiled")
+    source = sources[0] if len(exports) == 1 else exports[0]
+    return analysis_inputs(source, options, ncu, peaks_file, resolved=(exports[0], status, default_dir))
+
+
+def load_report(sources: Sequence[Path], options: AnalysisOptions, ncu: Path | None = None,
+                peaks_file: Path | None = None, top: int = 20, notes: list[str] | None = None) -> Report:
     """report.json's content of ``sources`` (what ``gpudiag report`` takes: one run directory or
     export, or one job's rank exports as files, a folder or glob patterns), analysed in a temporary
     folder: nothing is written. A report already written (a report.json, or a folder holding one and
@@ -241,10 +254,7 @@ def analyse(sources: Sequence[Path], options: AnalysisOptions, ncu: Path | None 
                             "pass the run directory or export instead")
         return read_report(report_file)
     exports, status, default_dir = resolve_sources(tuple(sources))
-    if len(exports) > 1 and ncu is not None:
-        raise UserError(f"{ncu}: ncu goes with one export; pass it with the export of the rank ncu profiled")
-    source = sources[0] if len(exports) == 1 else exports[0]
-    inputs = analysis_inputs(source, options, ncu, peaks_file, resolved=(exports[0], status, default_dir))
+    inputs = _inputs(sources, exports, status, default_dir, options, ncu, peaks_file)
     with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
         return ingest_and_analyse(exports if len(exports) > 1 else inputs.export, Path(tmp) / "run.sqlite", options,
                                   inputs.status, inputs.ncu, inputs.calibration, top, notes)

@@ -20,9 +20,11 @@ from gpudiag.app import gate as gate_app
 @click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
               help="TOML file with a [tool.gpudiag.gate] table [default: ./pyproject.toml].")
 @click.option("--allow-different-hardware", is_flag=True, help="Compare runs on a different GPU, driver or torch.")
+@click.option("--force", is_flag=True, help="Compare runs that are not one workload (another script, or few kernels "
+              "in common).")
 @click.option("--all", "show_all", is_flag=True, help="Show every metric, not only headline ones and changes.")
 def gate(baseline: Path, current: Path, fmt: str, config_file: Path | None, allow_different_hardware: bool,
-         show_all: bool) -> None:
+         force: bool, show_all: bool) -> None:
     """Fail when CURRENT is slower than BASELINE, beyond noise.
 
     Each of BASELINE and CURRENT is a run directory, a report.json or a baseline file
@@ -34,8 +36,11 @@ def gate(baseline: Path, current: Path, fmt: str, config_file: Path | None, allo
     (where recorded), family:* and module:* GPU time; baselines with the old names gpu_busy and
     overhead_percent are converted.
 
+    Two runs must be one workload: the same script where both name one, else at least half of the
+    kernel time in kernels both runs have; --force compares others and says so.
+
     Exit codes: 0 pass (warnings allowed), 1 regression, 2 usage or configuration error (a missing
-    or unreadable BASELINE or CURRENT), 3 nothing comparable or an invalid run.
+    or unreadable BASELINE or CURRENT), 3 nothing comparable, not one workload, or an invalid run.
 
     \b
     Example:
@@ -44,7 +49,9 @@ def gate(baseline: Path, current: Path, fmt: str, config_file: Path | None, allo
     """
     from gpudiag.renderers import gate_formats  # imports rich: here, so that --help starts fast
 
-    result = gate_app.gate(baseline, current, config_file, allow_different_hardware)
+    result = gate_app.gate(baseline, current, config_file, allow_different_hardware, force)
+    if result.get("forced"):
+        click.echo(f"gpudiag gate: {result['forced']}", err=True)
     if fmt == "table":
         gate_formats.terminal(result, show_all=show_all)
     elif fmt == "github":

@@ -20,7 +20,7 @@ import plotly.io as pio
 import plotly.offline
 
 from gpudiag.renderers import units
-from gpudiag.renderers.labels import chain_summary, shorten, with_distinct_labels
+from gpudiag.renderers.labels import chain_summary, shorten
 from gpudiag.renderers.terminal import overlap_pairs
 
 # A kernel label in a table row is cut (in the middle) to this many characters; its details hold the
@@ -230,7 +230,6 @@ def trials_chart(result: dict) -> str:
 
 def render(result: dict) -> str:
     """The whole report page as HTML text."""
-    result = with_distinct_labels(result)
     template = _environment().get_template("report.html")
     return template.render(
         r=result, colors=CLASS_COLORS,

@@ -1,23 +1,9 @@
-"""Kernel labels as the terminal, HTML and JSON renderers show them: the analysis's distinct
-labels (:mod:`gpudiag.analysis.attribution.labels`, where the rules name kernels by them too)
-written into a report's kernel lists, and the shortening of long labels and op chains."""
+"""Kernel labels as the terminal and HTML renderers shorten them (long labels and op chains). The
+labels themselves are made distinct when the report is finished (:mod:`gpudiag.analysis.finish`)."""
 
 from __future__ import annotations
 
-from gpudiag.analysis.attribution.labels import LABELLED, distinct_labels
-
-__all__ = ["LABELLED", "distinct_labels", "with_distinct_labels", "shorten", "chain_summary"]
-
-
-def with_distinct_labels(result: dict) -> dict:
-    """A shallow copy of ``result`` whose kernel lists carry :func:`distinct_labels` (the input is
-    left as it is: reports are shared between renderers). Idempotent: distinct labels stay."""
-    labels = distinct_labels(result)
-    out = dict(result)
-    for key in LABELLED:
-        if key in result:
-            out[key] = [{**e, "label": labels.get(e["name"], e["label"])} for e in result[key]]
-    return out
+__all__ = ["shorten", "chain_summary"]
 
 
 def shorten(label: str, width: int) -> str:

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpudiag.renderers.labels import shorten, with_distinct_labels
+from gpudiag.renderers.labels import shorten
 from gpudiag.renderers.units import budget_text, fmt_ns, fmt_pct
 
 FUSION_TOP = 3  # a summary: the HTML report lists all ten candidates
@@ -51,7 +51,6 @@ def render(result: dict, console: Console | None = None, top: int = 5) -> None:
     """Print device, step time, GPU busy %, the breakdown, the top kernels, the recommendations and
     the top fusion candidates."""
     console = console or Console()
-    result = with_distinct_labels(result)
     steps = result["steps"]
     console.print(Text(result["device"]["name"], style="bold") + Text(f" · {steps['measured']} measured steps ({steps['source']})"
                                                                      + micro_batch_note(steps)),
