@@ -34,7 +34,7 @@ from gpudiag.analysis.ingest import Tables, read_tables
 from gpudiag.analysis.ranks import comm, engine, processes
 from gpudiag.analysis.findings import invariants, sections, tables
 from gpudiag.analysis.findings.bare_run import apply_bare_run
-from gpudiag.analysis.findings.recommendations import RuleInputs, findings
+from gpudiag.analysis.findings.recommendations import FindingsInput, RuleInputs, findings
 from gpudiag.analysis.roofline import peaks
 from gpudiag.analysis.roofline.classify import classify
 from gpudiag.analysis.steps import frames, host_work, outliers, step_stats
@@ -86,8 +86,8 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     store.write_table(db, "steps", s.st)
     compiled = measured_summary(compiled, t.kernels, attribution, s.measured_ids, status)
     # 5-7. ranks (this process's collectives), fusion and rules: the findings
-    found, api_m = findings(s.k, s.km, s.detail_step, s.idle_m, t, steps, s.measured, s.step_ns, device_peaks, ncu,
-                            payloads, RuleInputs(status, dev, compiled, s.stretches_m))
+    found, api_m = findings(FindingsInput(s.k, s.km, s.detail_step, s.idle_m, t, steps, s.measured, s.step_ns,
+                                          device_peaks, ncu, payloads, RuleInputs(status, dev, compiled, s.stretches_m)))
     warnings.extend(sections.capture_warnings(meta, status))
     warnings.extend(sections.few_steps(len(s.st)))
     # 8. report

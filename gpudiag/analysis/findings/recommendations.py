@@ -34,28 +34,54 @@ class RuleInputs(NamedTuple):
     host_stretches: pd.DataFrame | None = None
 
 
-def findings(k: pd.DataFrame, km: pd.DataFrame, detail_step: int | None, idle: pd.DataFrame, t: Tables,
-              steps: Steps, measured: pd.DataFrame, step_ns: float, device_peaks, ncu: pd.DataFrame,
-              payloads: pd.Series, rule_inputs: RuleInputs) -> tuple[dict, pd.DataFrame]:
+class FindingsInput(NamedTuple):
+    """What :func:`findings` reads: ``k`` every kernel with its attribution and class, ``km`` those
+    of the measured steps, ``detail_step`` (None without one), ``idle`` GPU-idle intervals with
+    ``step`` (the rules read the measured steps'; passing only those, as the pipeline does, spares a
+    copy), ``tables`` the export's frames, ``steps`` the step ranges, ``measured`` the measured
+    steps' rows, ``step_ns`` their median step time (ns), ``peaks`` the device's
+    (:class:`gpudiag.analysis.roofline.peaks.DevicePeaks`), ``ncu`` the Nsight Compute rows (may be
+    empty), ``payloads`` the detail step's op payloads, ``rules`` the :class:`RuleInputs`."""
+
+    k: pd.DataFrame
+    km: pd.DataFrame
+    detail_step: int | None
+    idle: pd.DataFrame
+    tables: Tables
+    steps: Steps
+    measured: pd.DataFrame
+    step_ns: float
+    peaks: object
+    ncu: pd.DataFrame
+    payloads: pd.Series
+    rules: RuleInputs
+
+    @property
+    def measured_ids(self) -> set:
+        return set(self.measured["step"])
+
+
+def findings(inp: FindingsInput) -> tuple[dict, pd.DataFrame]:
     """(report.json's recommendations, suppressed, fusion candidates (the op data flow of the detail
     step, else the kernel sequence), fusion saving per kernel, fusion note, host time per step (ns)
-    and fusion source; the measured steps' API calls, with ``step``, for the launch counts).
-    ``idle``: GPU-idle intervals with ``step`` (the rules read the measured steps'; passing only those,
-    as the pipeline does, spares a copy of them)."""
-    n, measured_ids = len(measured), set(measured["step"])
-    detail = k[(k["step"] == detail_step) & (k["op"] != "")] if detail_step is not None else k.iloc[0:0]
-    all_candidates = fusion_candidates(detail, device_peaks, top=None, op_payloads=payloads.tolist() if len(payloads) else None)
+    and fusion source; the measured steps' API calls, with ``step``, for the launch counts)."""
+    k, km, t, steps, measured = inp.k, inp.km, inp.tables, inp.steps, inp.measured
+    n, measured_ids = len(measured), inp.measured_ids
+    detail = k[(k["step"] == inp.detail_step) & (k["op"] != "")] if inp.detail_step is not None else k.iloc[0:0]
+    all_candidates = fusion_candidates(detail, inp.peaks, top=None,
+                                       op_payloads=inp.payloads.tolist() if len(inp.payloads) else None)
     fusion_source = "op_dataflow"
     if not all_candidates and not (k["op_call"] >= 0).any():  # no op ranges: the kernel sequence alone (lower confidence)
-        all_candidates, fusion_source = kernel_sequence_candidates(km, device_peaks, n, top=None), "kernel_sequence"
+        all_candidates, fusion_source = kernel_sequence_candidates(km, inp.peaks, n, top=None), "kernel_sequence"
     # made after the kernel sequence search: the two largest frames of this stage are never alive at once
     api_m = measured_api(t.runtime_api, steps, measured_ids)
+    rules = inp.rules
     recommendations, suppressed = run_rules(
-        km, detail, idle, t.runtime_api, api_m, t.memcpy, steps, measured_ids, n, step_ns, device_peaks, ncu,
-        rule_context(rule_inputs.status, rule_inputs.dev, rule_inputs.compiled, all_candidates, measured_ids)
+        inp, detail, api_m,
+        rule_context(rules.status, rules.dev, rules.compiled, all_candidates, measured_ids)
         | {"phase_host_ns": host_floor.phase_ranges_ns(t.nvtx, steps.table, measured_ids),
            "outside_modules": host_floor.outside_modules(t.nvtx, steps.table, measured_ids),
-           "host_stretches": rule_inputs.host_stretches if rule_inputs.host_stretches is not None else pd.DataFrame()}
+           "host_stretches": rules.host_stretches if rules.host_stretches is not None else pd.DataFrame()}
     ) if n else ([], [])
     host_ns = host_floor.host_ns_per_step(api_m) if n else None  # the step cannot get shorter than this
     host_floor.bound_by_host(recommendations, float(measured["step_time_ns"].median()) if n else 0.0, host_ns)
@@ -80,16 +106,15 @@ def rule_context(status: dict | None, dev: pd.Series, compiled: dict, candidates
             "inference": serving.serving_context(status), "distributed": distributed_context(status, measured_ids)}
 
 
-def run_rules(km, detail, idle, runtime_api, api, memcpy, steps, measured_ids, n, step_ns,
-                     device_peaks, ncu, context: dict) -> tuple[list[dict], list[dict]]:
-    """Build the rules' context (measured steps only; ``api``: the measured steps' API calls;
-    ``context``: :func:`rule_context`) and run them (:mod:`gpudiag.analysis.rules.registry`):
-    (shown, suppressed under 0.5 % of the step)."""
-    copies = (in_measured_steps(memcpy, launch_calls(memcpy, runtime_api)["api_start_ns"].to_numpy(dtype=float),
-                                steps.table, measured_ids)
+def run_rules(inp: FindingsInput, detail: pd.DataFrame, api: pd.DataFrame, context: dict) -> tuple[list[dict], list[dict]]:
+    """Build the rules' context (measured steps only; ``detail``: the detail step's kernels with an
+    op; ``api``: the measured steps' API calls; ``context``: :func:`rule_context`) and run them
+    (:mod:`gpudiag.analysis.rules.registry`): (shown, suppressed under 0.5 % of the step)."""
+    memcpy, measured_ids = inp.tables.memcpy, inp.measured_ids
+    copies = (in_measured_steps(memcpy, launch_calls(memcpy, inp.tables.runtime_api)["api_start_ns"].to_numpy(dtype=float),
+                                inp.steps.table, measured_ids)
               if not memcpy.empty else memcpy.assign(step=pd.Series(dtype=int)))
-
-    ctx = RuleContext(km=km, detail=detail, api=api, memcpy=copies, idle=kept_rows(idle, idle["step"].isin(measured_ids).to_numpy()),
-                      n_steps=n, step_ns=step_ns, peaks=device_peaks, ncu=ncu, measured_steps=sorted(measured_ids),
-                      **context)
+    idle = kept_rows(inp.idle, inp.idle["step"].isin(measured_ids).to_numpy())
+    ctx = RuleContext(km=inp.km, detail=detail, api=api, memcpy=copies, idle=idle, n_steps=len(inp.measured),
+                      step_ns=inp.step_ns, peaks=inp.peaks, ncu=inp.ncu, measured_steps=sorted(measured_ids), **context)
     return recommend_split(ctx)
