@@ -18,10 +18,11 @@ replace it. Rules, in order:
    the op's math path it is compute-bound, below it bandwidth-bound. Other instances of the same
    kernel name and launch configuration inherit the detail step's numbers.
 3. otherwise (evidence ``heuristic``): GEMM, convolution and attention kernels are compute-bound,
-   everything else bandwidth-bound, except a GEMM whose name states a tile with a side under 64,
-   bandwidth-bound (:mod:`gpudiag.analysis.roofline.tiles`). Such rows say what the class rests on
-   (``basis``: family, small tile, large tile, no tile; ``tile_side``) and how often that basis
-   agreed with Nsight Compute on the committed fixtures (``confidence``).
+   everything else bandwidth-bound, except a GEMM whose name states a tile with a side under 64
+   and a depthwise convolution, both bandwidth-bound (:mod:`gpudiag.analysis.roofline.tiles`).
+   Such rows say what the class rests on (``basis``: family, small tile, large tile, no tile,
+   depthwise; ``tile_side``) and how often that basis agreed with Nsight Compute on the committed
+   fixtures (``confidence``).
 
 Collective-library kernels (family ``communication``, :mod:`gpudiag.analysis.attribution.families`) are class
 ``communication`` whatever their duration or shapes: they are outside the roofline (their time is
