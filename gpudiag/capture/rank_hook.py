@@ -54,31 +54,43 @@ AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 _runs_made: dict[str, int] = {}  # run name -> runs of that name so far (a run repeated gets a new key)
 
 
+def _agent_store(env: dict, timeout_s: float):
+    """(torchrun's agent store, this rank) when gpudiag itself is one rank of a torchrun job of
+    more than one rank (``torchrun … -m gpudiag profile``), else None."""
+    ids = rank_ids(env)
+    if env.get(AGENT_STORE) != "True" or not env.get("MASTER_PORT") or ids["rank"] is None \
+            or (ids["world_size"] or 1) <= 1:
+        return None
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), int(env["MASTER_PORT"]), is_master=False,
+                     timeout=timedelta(seconds=timeout_s))
+    return store, ids["rank"]
+
+
 def fresh_rendezvous(env: dict, run_name: str, timeout_s: float = 900.0) -> dict:
     """``env`` for one more run of a rank's script when gpudiag itself is the rank (``torchrun …
     -m gpudiag profile``): each of gpudiag's runs (bare, profiled, each trial) starts the script
     again, and torchrun's agent store still holds the first run's rendezvous keys, so a second
     ``init_process_group`` on it waits for ever (seen on CPU with gloo, torch 2.13). Rank 0 picks a
     free port for this run and publishes it on the agent store under ``run_name`` (the same name
-    in every rank: each rank's gpudiag makes the same runs in the same order); every rank's script
+    in every rank: each rank's gpudiag makes the runs rank 0 makes, in the same order, see
+    :func:`as_rank0_decides`); every rank's script
     then rendezvous there, rank 0's hosting the store (``TORCHELASTIC_USE_AGENT_STORE=False``:
     torch.distributed.rendezvous). ``env`` is returned as it is outside torchrun or for one rank.
     Raises TimeoutError when rank 0 publishes no port within ``timeout_s``."""
-    ids = rank_ids(env)
-    if env.get(AGENT_STORE) != "True" or not env.get("MASTER_PORT") or ids["rank"] is None \
-            or (ids["world_size"] or 1) <= 1:
-        return env
     import socket
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
 
     try:
-        store = TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), int(env["MASTER_PORT"]), is_master=False,
-                         timeout=timedelta(seconds=timeout_s))
+        found = _agent_store(env, timeout_s)
+        if found is None:
+            return env
+        store, rank = found
         _runs_made[run_name] = _runs_made.get(run_name, 0) + 1
         key = f"gpudiag/{run_name}/{_runs_made[run_name]}/master_port"
-        if ids["rank"] == 0:
+        if rank == 0:
             with socket.socket() as s:
                 s.bind(("", 0))
                 port = s.getsockname()[1]
@@ -86,8 +98,32 @@ def fresh_rendezvous(env: dict, run_name: str, timeout_s: float = 900.0) -> dict
         else:
             port = int(store.get(key))
     except RuntimeError as exc:  # the store's own timeout or a lost agent
-        raise TimeoutError(f"rank {ids['rank']}: no port from rank 0 for the run {run_name} ({exc})") from None
+        raise TimeoutError(f"rank {rank_ids(env)['rank']}: no port from rank 0 for the run {run_name} ({exc})") from None
     return {**env, "MASTER_PORT": str(port), AGENT_STORE: "False"}
+
+
+def as_rank0_decides(name: str, mine: str, env=None, timeout_s: float = 900.0) -> str:
+    """Rank 0's ``mine`` for the decision ``name`` (e.g. whether to make the 4th planned trial run),
+    when gpudiag itself is one rank of a torchrun job; ``mine`` elsewhere. Each rank's gpudiag
+    decides its runs from its own timings (a change decided early, the budget left), and two ranks
+    can decide apart: the one that starts a run rank 0 does not make waits for ever for its
+    rendezvous (a 2-rank CPU job in CI, 2026-11-28: 600 s, then killed). So rank 0 publishes each
+    decision on torchrun's agent store and the other ranks take it. Raises TimeoutError when rank 0
+    publishes nothing within ``timeout_s`` (it stopped)."""
+    env = dict(os.environ) if env is None else env
+    try:
+        found = _agent_store(env, timeout_s)
+        if found is None:
+            return mine
+        store, rank = found
+        _runs_made["decision/" + name] = _runs_made.get("decision/" + name, 0) + 1
+        key = f"gpudiag/decision/{name}/{_runs_made['decision/' + name]}"
+        if rank == 0:
+            store.set(key, mine)
+            return mine
+        return store.get(key).decode()
+    except RuntimeError as exc:
+        raise TimeoutError(f"rank {rank_ids(env)['rank']}: no decision from rank 0 on {name} ({exc})") from None
 
 
 def _script_source() -> str:

@@ -48,7 +48,7 @@ from pathlib import Path
 
 from gpudiag.analysis.steps.representative import STEP_KEYS
 from gpudiag.capture.config import CaptureConfig
-from gpudiag.capture.run import run_bare
+from gpudiag.capture.run import CaptureError, run_bare
 from gpudiag.trials import budget, changes, results, stats
 
 TRIAL_WINDOW_STEPS = 10  # measured steps per trial: "warm-up plus a few measured steps"
@@ -79,6 +79,7 @@ NOTHING_SINCE = "no change measured since the last baseline"
 FAILED = "the change failed or did not apply"
 BUDGET = "the budget left was shorter than a run"
 NO_BASELINE = "the unchanged script measured no steps (nothing to compare with)"
+RANK0 = "rank 0 of the torchrun job did not make it"  # each rank makes the runs rank 0 makes
 
 
 @dataclasses.dataclass
@@ -295,18 +296,35 @@ def execute(session: Session, autocast_dtype: str | None = None) -> tuple[list[R
     done: dict[int, str] = {}
     plan = schedule(len(session.chosen))
     for position, (kind, index) in enumerate(plan):
-        skipped = skip_reason(session, runs, done, kind, index, plan[position + 1:])
+        skipped = _as_rank0(f"run{position}", skip_reason(session, runs, done, kind, index, plan[position + 1:]))
         if skipped is not None:
             skips.append(_skip(session, runs, kind, index, position, *skipped))
             continue
         run = session.run(kind, index, position)
         runs.append(run)
         _report_run(session, runs, run, done, autocast_dtype)
-        if kind == "baseline" and not counted(runs):
+        if _as_rank0(f"stop{position}", (NO_BASELINE, {}) if kind == "baseline" and not counted(runs) else None):
             # the rest of the plan is not made: the budget account lists it (issue 45's review)
             skips += [Skip(k, i, position + 1 + n, NO_BASELINE) for n, (k, i) in enumerate(plan[position + 1:])]
             break
     return runs, skips
+
+
+def _as_rank0(name: str, skipped: tuple[str, dict] | None) -> tuple[str, dict] | None:
+    """``skipped`` (:func:`skip_reason`'s answer: None to make the run) as rank 0 decided it when
+    this gpudiag is one rank of a torchrun job (:func:`~gpudiag.capture.rank_hook.as_rank0_decides`:
+    a rank making a run rank 0 does not make waits for ever); :data:`RANK0` where rank 0 left out a
+    run for a reason of its own. Raises CaptureError when rank 0 stopped deciding."""
+    from gpudiag.capture.rank_hook import as_rank0_decides
+
+    mine = "run" if skipped is None else skipped[0]
+    try:
+        agreed = as_rank0_decides(name, mine)
+    except TimeoutError as exc:
+        raise CaptureError(f"{exc}: see rank 0's gpudiag.log") from None
+    if agreed == "run":
+        return None
+    return skipped if agreed == mine else (RANK0, {})
 
 
 def _skip(session: Session, runs: list[Run], kind: str, index: int | None, position: int, why: str,

@@ -131,6 +131,11 @@ def test_torchrun_running_gpudiag_profile_gives_one_run_per_rank(tmp_path):
                            "--nsys", str(fake), "--try", "fused-optimizer", "--steps", "3"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # every rank made the runs rank 0 made, in its order: a rank that decided on its own timings
+    # to make one more run waited for ever for its rendezvous (CI, 2026-11-28)
+    logs = [[(r["name"], r["kind"]) for r in json.loads((tmp_path / "out" / f"rank{k}" / "report.json").read_text())
+             ["trials_budget"]["run_log"]] for k in (0, 1)]
+    assert logs[0] == logs[1] and len(logs[0]) >= 3, logs
     for k in (0, 1):
         run = tmp_path / "out" / f"rank{k}"
         assert (run / "report.json").is_file()
@@ -370,3 +375,30 @@ def test_recording_fsdp_never_fails_the_users_call():
     finally:
         ddp_watch._seen.clear()
         ddp_watch._seen.update(saved)
+
+
+def test_each_rank_takes_rank0s_decision_from_the_agent_store():
+    """as_rank0_decides on a real TCPStore standing for torchrun's agent store: rank 0 publishes
+    its own answer, rank 1 gets rank 0's whatever it decided itself, each decision once (a name
+    asked again is a new decision); outside torchrun a rank keeps its own answer."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from gpudiag.capture import rank_hook
+
+    port = _port()
+    agent = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10))
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    rank_hook._runs_made.clear()
+    assert rank_hook.as_rank0_decides("run3", "every change tried was decided", {**env, "RANK": "0"}) \
+        == "every change tried was decided"
+    assert rank_hook.as_rank0_decides("run3", "run", {**env, "RANK": "0"}) == "run"  # the next decision of that name
+    rank_hook._runs_made.clear()  # rank 1's own process counts from its start
+    assert rank_hook.as_rank0_decides("run3", "run", {**env, "RANK": "1"}) == "every change tried was decided"
+    assert rank_hook.as_rank0_decides("run3", "skip", {**env, "RANK": "1"}) == "run"
+    with pytest.raises(TimeoutError, match="rank 1: no decision from rank 0 on run4"):
+        rank_hook.as_rank0_decides("run4", "run", {**env, "RANK": "1"}, timeout_s=1)
+    assert rank_hook.as_rank0_decides("run3", "mine", {"RANK": "1", "WORLD_SIZE": "2"}) == "mine"
+    del agent
