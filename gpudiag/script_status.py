@@ -143,6 +143,21 @@ class ScriptStatus:
         out.update((k, v) for k, v in self.extra.items() if k not in out)
         return out
 
+    def replaced(self, **changes) -> ScriptStatus:
+        """A copy with ``changes`` (field names); a changed field is written by :meth:`to_json` even
+        as None, as assigning the key in the file's dict would."""
+        return dataclasses.replace(self, **changes, _keys=tuple(dict.fromkeys((*self._keys, *changes))))
+
+    def without(self, *keys: str) -> ScriptStatus:
+        """A copy without ``keys`` (fields become None and are not written; unknown keys dropped)."""
+        fields = {k: None for k in keys if k in _FIELD_KINDS}
+        extra = {k: v for k, v in self.extra.items() if k not in keys}
+        return dataclasses.replace(self, **fields, extra=extra, _keys=tuple(k for k in self._keys if k not in keys))
+
+    def __bool__(self) -> bool:
+        """False for a status with no key at all (as an empty dict: the launcher never wrote one)."""
+        return bool(self._keys or self.extra) or any(getattr(self, k) is not None for k in _FIELD_KINDS)
+
     @property
     def failed(self) -> bool:
         """True when the script ended with a non-zero exit code (unknown counts as not failed)."""
