@@ -25,10 +25,10 @@ from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
-from gpudiag.script_status import ScriptStatus
 
 from gpudiag import nvtx_names
 from gpudiag.analysis.attribution.ranges import innermost_range
+from gpudiag.script_status import ScriptStatus
 
 
 class Match(NamedTuple):

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
 import pandas as pd
-from gpudiag.script_status import ScriptStatus
 import sqlite_utils
 
 from gpudiag import derived_text, store
@@ -32,6 +31,7 @@ from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.ingest import Tables
 from gpudiag.analysis.ranks.comm import TRANSFER_TABLE
 from gpudiag.sources import names
+from gpudiag.script_status import ScriptStatus
 
 
 def os_pid(global_pid: int) -> int:

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from gpudiag.script_status import ScriptStatus
 
 from gpudiag.analysis.ranks.comm import collective_of, exposed_ns, exposed_transfer_ns
 from gpudiag.analysis.rules.base import Recommendation, RuleContext
 from gpudiag.analysis.rules.host_floor import LAUNCH_API
+from gpudiag.script_status import ScriptStatus
 
 
 

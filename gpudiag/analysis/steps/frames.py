@@ -9,13 +9,13 @@ import dataclasses
 
 import numpy as np
 import pandas as pd
-from gpudiag.script_status import ScriptStatus
 
 from gpudiag.analysis.attribution.ranges import Steps, run_flags, window_index
 from gpudiag.analysis.ingest import Tables
 from gpudiag.analysis.steps import outliers
 from gpudiag.analysis.steps.launches import in_measured_steps
 from gpudiag.analysis.steps.timeline import gpu_activities, step_table
+from gpudiag.script_status import ScriptStatus
 
 
 # What made gpudiag's step ranges, by the launcher's step_mode (gpudiag.capture.instrument).
