@@ -38,13 +38,14 @@ from gpudiag.analysis.findings.recommendations import FindingsInput, RuleInputs,
 from gpudiag.analysis.roofline import peaks
 from gpudiag.analysis.roofline.classify import classify
 from gpudiag.analysis.steps import frames, host_work, outliers, step_stats
+from gpudiag.script_status import ScriptStatus
 from gpudiag.analysis.steps.launches import kept_rows, launch_counts
 from gpudiag.analysis.steps.serving import apply_requests
 from gpudiag.analysis.steps.timeline import idle_intervals, launch_stats, stream_gaps
 
 
 def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | None = None,
-            status: dict | None = None, top: int = 20, calibration: dict | None = None,
+            status: ScriptStatus | dict | None = None, top: int = 20, calibration: dict | None = None,
             process: int | None = None, rank_workers: int | None = None,
             ranks_engine: engine.RankEngine | None = None) -> dict:
     """Analyse the run database ``db``; returns report.json's content (see module docstring).
@@ -58,7 +59,9 @@ def analyse(db: sqlite_utils.Database, warmup_steps: int = 2, steps_from: str | 
     a local cluster or a scheduler's), without it in a pool of ``rank_workers`` processes
     (:mod:`gpudiag.analysis.ranks.processes`); raises :class:`gpudiag.analysis.ranks.engine.EngineError`
     when the engine asked for cannot be used. ``calibration`` (a ``gpudiag calibrate`` entry of the same GPU)
-    replaces datasheet peaks with measured ones."""
+    replaces datasheet peaks with measured ones. ``status``: the launcher's status (a dict is read
+    with :meth:`ScriptStatus.from_json`, raising :class:`gpudiag.errors.UserError` when it is none)."""
+    status = ScriptStatus.of(status)
     meta = store.read_meta(db)
     warnings: list[str] = []
     # 1. ingest: the run database's frames, of one process
@@ -137,7 +140,7 @@ class StepFrames:
     stretches_m: pd.DataFrame
 
 
-def _step_frames(t: Tables, steps: Steps, attribution: pd.DataFrame, classes: pd.DataFrame, status: dict | None,
+def _step_frames(t: Tables, steps: Steps, attribution: pd.DataFrame, classes: pd.DataFrame, status: ScriptStatus | None,
                  warmup_steps: int, warnings: list[str]) -> StepFrames:
     """Stage 4: the step table, GPU activities and idle per step, the kernel frame, the per-step
     entries (:class:`StepFrames`)."""
@@ -165,7 +168,7 @@ def _step_frames(t: Tables, steps: Steps, attribution: pd.DataFrame, classes: pd
 
 
 def _step_sections(t: Tables, steps: Steps, s: StepFrames, api_m: pd.DataFrame, meta: dict, ncu: pd.DataFrame,
-                   top: int, status: dict | None) -> tuple[dict, dict]:
+                   top: int, status: ScriptStatus | None) -> tuple[dict, dict]:
     """Stage 8, the measured steps' sections of report.json, in its order: (the summary: steps,
     breakdown, classification, top kernels; the tables after the findings: kernel and module tables,
     idle, instrumentation, launches, communication). ``api_m``: the measured steps' API calls."""
@@ -192,7 +195,7 @@ def _step_sections(t: Tables, steps: Steps, s: StepFrames, api_m: pd.DataFrame, 
         **sections.kernel_tables(km, n),
         "modules": modules,
         "per_step_metrics": step_stats.per_step_metrics(km, s.measured, s.per_step, incl, modules,
-                                                        (status or {}).get("peak_memory_bytes_per_step") or {}) if n else [],
+                                                        (status.peak_memory_bytes_per_step if status else None) or {}) if n else [],
         "idle": sections.idle_section(s.idle_m, km, tables.stream_rows(s.gaps, s.k, s.measured_ids, n),
                                       tables.top_waiting_kernels(s.idle_m, s.k, n), n, s.stretches_m),
         "instrumentation": tables.instrumentation(s.st, s.measured, t.nvtx, s.detail_step, n),
@@ -216,18 +219,18 @@ def _load(db: sqlite_utils.Database, meta: dict, warnings: list[str]) -> Tables:
     return t
 
 
-def _attribute(t: Tables, steps: Steps, status: dict | None, warnings: list[str]) -> tuple[pd.Series, pd.DataFrame, dict]:
+def _attribute(t: Tables, steps: Steps, status: ScriptStatus | None, warnings: list[str]) -> tuple[pd.Series, pd.DataFrame, dict]:
     """(op call payloads, attribution, compiled-graph summary): per kernel (rows of ``t.kernels``)
     its step, phase, module, op and graph (:func:`attribute`), kernels of compiled graphs
     attributed through the inductor provenance (:func:`attribute_compiled`)."""
     payloads = op_call_payloads(t.nvtx)  # once: attribution and the fusion data flow both read them
     attribution = attribute(t.kernels, t.runtime_api, t.nvtx, steps, payloads)
-    attribution, compiled = attribute_compiled(t.kernels, attribution, t.nvtx, (status or {}).get("inductor_provenance"))
+    attribution, compiled = attribute_compiled(t.kernels, attribution, t.nvtx, status.inductor_provenance if status else None)
     warnings.extend(compiled["warnings"] if compiled["graphs"] else [])
     return payloads, attribution, compiled
 
 
-def _ranks(db: sqlite_utils.Database, procs: pd.DataFrame, options: dict, status: dict | None,
+def _ranks(db: sqlite_utils.Database, procs: pd.DataFrame, options: dict, status: ScriptStatus | None,
            ranks_engine: engine.RankEngine) -> dict:
     """report.json's ``ranks``: every process of ``procs`` analysed on its own with ``options``,
     where ``ranks_engine`` says (workers read the run database's file: it is committed first)."""

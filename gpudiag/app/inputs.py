@@ -16,24 +16,12 @@ from gpudiag.app.options import AnalysisOptions
 from gpudiag.capture.calibrate import CALIBRATION_NAME
 from gpudiag.capture.run import NCU_NAME, SQLITE_NAME, STATUS_NAME
 from gpudiag.errors import UserError
+from gpudiag.script_status import ScriptStatus, read_status  # noqa: F401 - read_status: this module's name for it
 
 REPORT_FILES = ("report.html", "report.json", "run.sqlite")  # the last is store.RUN_DB_NAME (a test checks)
 
 
-def read_status(path: Path) -> dict | None:
-    """The launcher's status file as a dict (None if absent). Raises UserError if it is damaged."""
-    if not path.exists():
-        return None
-    try:
-        status = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        status = None
-    if not isinstance(status, dict):
-        raise UserError(f"{path}: not a gpudiag status file (damaged JSON); delete it to report without the script's status")
-    return status
-
-
-def resolve_input(path: Path) -> tuple[Path, dict | None, Path]:
+def resolve_input(path: Path) -> tuple[Path, ScriptStatus | None, Path]:
     """(export file, launcher status or None, default output directory) for a run directory or an
     export file. Raises UserError when ``path`` is neither."""
     if path.is_dir():
@@ -51,7 +39,7 @@ def resolve_input(path: Path) -> tuple[Path, dict | None, Path]:
 EXPORT_GLOBS = ("*.sqlite", "*.sqlite.xz")  # a folder of rank exports (gpudiag's own run.sqlite left out)
 
 
-def resolve_sources(sources: tuple[Path, ...]) -> tuple[list[Path], dict | None, Path]:
+def resolve_sources(sources: tuple[Path, ...]) -> tuple[list[Path], ScriptStatus | None, Path]:
     """(export files, launcher status or None, default output directory) of ``gpudiag report``'s
     SOURCE arguments: one run directory or export (:func:`resolve_input`), or the exports of one
     job's ranks: several files, a folder of ``*.sqlite``/``*.sqlite.xz`` exports, or glob
@@ -128,7 +116,7 @@ class AnalysisInputs:
     """What the analysis of one SOURCE needs, checked (:func:`analysis_inputs`)."""
 
     export: Path  # the nsys SQLite export (.sqlite or .sqlite.xz)
-    status: dict | None  # the launcher's status file of a run directory
+    status: ScriptStatus | None  # the launcher's status file of a run directory
     default_dir: Path  # where gpudiag report writes without -o
     ncu: Path | None  # the Nsight Compute report, if any
     calibration: dict | None  # measured peaks, if any
@@ -148,7 +136,7 @@ def check_steps_from(steps_from: str | None) -> None:
 
 
 def analysis_inputs(source: Path, options: AnalysisOptions, ncu: Path | None = None, peaks_file: Path | None = None,
-                    resolved: tuple[Path, dict | None, Path] | None = None) -> AnalysisInputs:
+                    resolved: tuple[Path, ScriptStatus | None, Path] | None = None) -> AnalysisInputs:
     """The checked inputs of analysing ``source`` (a run directory or an export file), as
     ``gpudiag report`` takes them: a run directory's own ncu report and calibration unless ``ncu``
     and ``peaks_file`` are given. ``resolved``: :func:`resolve_input`'s answer, if already asked.

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from gpudiag.capture import nsys
 from gpudiag.capture.instrument import CaptureConfig, detect_step_mode
 from gpudiag.capture.run import STATUS_NAME, CaptureError, capture, capture_bare, capture_ncu, mark_interrupted
 from gpudiag.errors import UserError
+from gpudiag.script_status import ScriptStatus, read_status_lenient
 from gpudiag.trials.budget import DEFAULT_BUDGET_S
 
 
@@ -159,10 +159,10 @@ def _capture_window(job: Job, bare: dict | None, stage: StageTracker, feedback: 
         return capture(job.script, job.script_args, job.run_dir, config, job.nsys_exe, echo=feedback.echo, stage=stage)
     except CaptureError as exc:
         status_path = job.run_dir / STATUS_NAME
-        status = job_view(json.loads(status_path.read_text())) if status_path.exists() else {}
-        if not config.capture_range or status.get("capture_started_step") is not None or not status:
+        status = ScriptStatus.of(job_view(read_status_lenient(status_path).to_json()))
+        if not config.capture_range or status.capture_started_step is not None or not status:
             raise UserError(str(exc), exit_code=3) from None
-    feedback.echo(f"[window] the script reached no step window ({status.get('steps_completed', 0)} steps): "
+    feedback.echo(f"[window] the script reached no step window ({status.steps_completed or 0} steps): "
                "capturing the whole script instead (see --steps-from)")
     job.config = dataclasses.replace(config, capture_range=False)
     try:

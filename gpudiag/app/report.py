@@ -17,6 +17,7 @@ from gpudiag.app.options import AnalysisOptions
 from gpudiag.app.output import commit, make_output_folder, partial, write_atomically, written_or_removed
 from gpudiag.app.progress import ShownTimes, timed
 from gpudiag.errors import UserError, internal_error
+from gpudiag.script_status import ScriptStatus
 
 # The analysis, readers and report writers (pandas, plotly, jinja2, rich) are imported in the
 # functions that use them, so that `gpudiag --help` starts fast (tests/cli/test_startup.py).
@@ -63,13 +64,17 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
     label = exports[0] if len(exports) == 1 else Path(f"{exports[0]} (+{len(exports) - 1} more exports)")
     with timed(times, "reading the export"):
         db, mismatches = _ingest(exports, db_path, ncu)
-    warmup = options.warmup_steps if options.warmup_steps is not None else (status or {}).get("warmup_steps", 2)
+    status = ScriptStatus.of(status)
+    known = status or ScriptStatus()
+    # 2 warm-up steps: the launcher's default (CaptureConfig.warmup_steps) for a status that predates the key
+    warmup = options.warmup_steps if options.warmup_steps is not None else \
+        (known.warmup_steps if known.warmup_steps is not None else 2)
     # A step-window capture starts at the warm-up's last step: only the warm-up steps it holds count.
-    first_captured = (status or {}).get("capture_started_step")
+    first_captured = known.capture_started_step
     warmup = max(warmup - int(first_captured), 0) if first_captured is not None else warmup
     steps_from = options.steps_from
-    if steps_from is None and (status or {}).get("step_mode") == "nvtx" and status.get("steps_regex"):
-        steps_from = "nvtx:" + status["steps_regex"]  # the user's ranges the launcher took as steps
+    if steps_from is None and known.step_mode == "nvtx" and known.steps_regex:
+        steps_from = "nvtx:" + known.steps_regex  # the user's ranges the launcher took as steps
     engine = RankEngine(scheduler=options.scheduler, dask=options.dask,
                         **({"worker_memory": options.worker_memory} if options.worker_memory else {}))
     try:
@@ -79,17 +84,17 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
         # exports that cannot be one job's ranks: said in the report itself, so that every face (the
         # terminal, report.json and report.html, the library, the MCP server) says it (issue 47)
         result["warnings"] = [*mismatches, *(result.get("warnings") or [])]
-        if (status or {}).get("trials") is not None:  # the run's trials, kept in its status by gpudiag profile
+        if known.trials is not None:  # the run's trials, kept in its status by gpudiag profile
             from gpudiag.trials.results import attach
 
-            attach(result, status["trials"], status.get("trials_left_out") or [])
-            if status.get("trials_budget"):
-                result["trials_budget"] = status["trials_budget"]
-            if status.get("patches"):  # gpudiag.app.patches.hand_back's summaries
-                result["patches"] = status["patches"]
+            attach(result, known.trials, known.trials_left_out or [])
+            if known.trials_budget:
+                result["trials_budget"] = known.trials_budget
+            if known.patches:  # gpudiag.app.patches.hand_back's summaries
+                result["patches"] = known.patches
         from gpudiag.trials.framework_changes import name_switches
 
-        name_switches(result, status)  # the advice names the switch of the script's framework (Lightning, HF, ...)
+        name_switches(result, status.to_json() if status is not None else None)  # the advice names the switch of the script's framework (Lightning, HF, ...)
         if notes is not None:
             from gpudiag.app.ranks import engine_note
 

@@ -8,6 +8,7 @@ compile, which fuses some). A change is tried once, for its largest predicted sa
 from __future__ import annotations
 
 from gpudiag.trials import loader_changes
+from gpudiag.script_status import ScriptStatus
 
 RULE_CHANGES = {
     "GD-OVERHEAD-BOUND": ("compile-graphs", "compile"),
@@ -80,14 +81,15 @@ def _kernel_model(report: dict) -> bool:
     return any(c.startswith(prefix) for c in classes for prefix in KERNEL_MODELS)
 
 
-def blocked(change: str, report: dict, status: dict) -> str | None:
+def blocked(change: str, report: dict, status: ScriptStatus | dict) -> str | None:
     """Why ``change`` cannot help this script (None when it can be tried): already compiled,
     already under autocast, or no model the kernels know."""
+    status = ScriptStatus.of(status) or ScriptStatus()
     if change in ("compile", "compile-graphs") and report.get("compiled"):
         return "the script already runs torch.compile"
-    if change == "bf16-autocast" and (status.get("autocast_dtype") or "off") != "off":
-        return f"the script already runs under {status['autocast_dtype']} autocast"
-    if change == "cudnn-benchmark" and status.get("cudnn_benchmark"):
+    if change == "bf16-autocast" and (status.autocast_dtype or "off") != "off":
+        return f"the script already runs under {status.autocast_dtype} autocast"
+    if change == "cudnn-benchmark" and status.cudnn_benchmark:
         return "the script already sets torch.backends.cudnn.benchmark"
     if change == "kernels" and not _kernel_model(report):
         return "no model gpudiag.fused has fused kernels for"
@@ -97,7 +99,7 @@ def blocked(change: str, report: dict, status: dict) -> str | None:
     if change.startswith("static-cache") and (inference or {}).get("step_mode") != "generate":
         return "no generate() steps: a static KV cache is a generate() setting"
     if change in loader_changes.LOADER_CHANGES:
-        return loader_changes.why_not(change, status.get("frameworks"))
+        return loader_changes.why_not(change, status.frameworks)
     return None
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 
 from gpudiag.analysis.steps.representative import STEP_KEYS, step_times  # noqa: F401 - the trials' reading of a status
+from gpudiag.script_status import ScriptStatus
 
 # Relative tolerance on a whole model's loss, by the trial's tolerance class (its math path): gpudiag's choices, a whole forward pass
 # looser than torch.testing's per-op defaults (fp32 1.3e-6, bf16 1.6e-2, fp16 1e-3) since errors
@@ -123,16 +124,17 @@ def step_runs(statuses: list[dict], per_sample: bool) -> tuple[list[list[float]]
     runs, methods = [], set()
     for status in statuses:
         times, method = step_times(status)
-        per = status.get("samples_per_step") if per_sample else 1
+        per = ScriptStatus.of(status).samples_per_step if per_sample else 1
         if times and per:
             runs.append([t / per for t in times])
             methods.add(method)
     return runs, (methods.pop() if len(methods) == 1 else None)
 
 
-def _warmup_s(status: dict) -> float | None:
+def _warmup_s(status: ScriptStatus | dict) -> float | None:
     """Seconds from the process's start to its first measured step (start-up and warm-up steps)."""
-    start, window = status.get("started_unix_s"), status.get("window_start_unix_s")
+    status = ScriptStatus.of(status)
+    start, window = status.started_unix_s, status.window_start_unix_s
     return window - start if start and window else None
 
 

@@ -49,6 +49,7 @@ from pathlib import Path
 from gpudiag.analysis.steps.representative import STEP_KEYS
 from gpudiag.capture.config import CaptureConfig
 from gpudiag.capture.run import CaptureError, run_bare
+from gpudiag.script_status import ScriptStatus
 from gpudiag.trials import budget, changes, results, stats
 
 TRIAL_WINDOW_STEPS = 10  # measured steps per trial: "warm-up plus a few measured steps"
@@ -385,13 +386,14 @@ def run_session(script: Path | str, script_args: list[str], run_dir: Path, confi
     change's runs, plus ``baseline_note``, ``baseline_after``, ``compared_with``, ``trial_runs``
     and ``decided_early``) and the :func:`budget_account`. Never raises for a failing trial;
     Ctrl-C raises :class:`~gpudiag.capture.toolrun.Interrupted` after the running run stopped."""
-    bare = profiled_status.get("bare_run")
+    typed = ScriptStatus.of(profiled_status)
+    bare = typed.bare_run.to_json() if typed.bare_run is not None else None  # the trials read run statuses as dicts
     session = Session(script, script_args, run_dir, config, chosen, budget_s, echo,
                       bare=results.job_view(bare) if bare else None)
     first = trial_config(config, None)
     echo(f"[try] {len(chosen)} change(s), each run bare over {first.window_steps} steps after {first.warmup_steps} "
          "warm-up steps, interleaved with runs of the unchanged script (--try none skips the trials)")
-    autocast = profiled_status.get("autocast_dtype")
+    autocast = typed.autocast_dtype
     runs, skips = execute(session, autocast_dtype=autocast)
     account = budget_account(session, runs, skips)
     baselines = counted(runs)
@@ -402,7 +404,7 @@ def run_session(script: Path | str, script_args: list[str], run_dir: Path, confi
         return [results.trial_result(c, {}, {}, None, 0.0) | {"status": "skipped",
                 "error": "the baseline run measured no steps"} for c in chosen], account
     comparable = runs_agree([r.status for r in baselines], profiled_status)
-    note = baseline_note(baselines, runs, profiled_status.get("bare_run"))
+    note = baseline_note(baselines, runs, bare)
     echo(f"[try] {note}")
     _echo_account(echo, account)
     records = [_record(session, i, runs, skips, baselines, note, comparable, autocast) for i in range(len(chosen))]

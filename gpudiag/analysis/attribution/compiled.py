@@ -28,6 +28,7 @@ import pandas as pd
 
 from gpudiag import nvtx_names
 from gpudiag.analysis.attribution.ranges import innermost_range
+from gpudiag.script_status import ScriptStatus
 
 
 class Match(NamedTuple):
@@ -250,7 +251,7 @@ def summarize(kernels: pd.DataFrame, out: pd.DataFrame, provenance: dict | None,
 
 
 def measured_summary(compiled: dict, kernels: pd.DataFrame, attribution: pd.DataFrame, measured_ids: set,
-                                status: dict | None) -> dict:
+                                status: ScriptStatus | dict | None) -> dict:
     """The compiled-graph summary's shares (compiled share of kernel time, mapped, coarse, with a
     module, the unmapped kernels) over the measured steps, as every other statistic of the report.
     Over the whole capture, the warm-up's compilation counts: under max-autotune, Inductor's
@@ -262,6 +263,6 @@ def measured_summary(compiled: dict, kernels: pd.DataFrame, attribution: pd.Data
     if not measured_ids:
         return {**compiled, "statistics": "whole capture"}
     sel = attribution["step"].isin(measured_ids).to_numpy()
-    steady = summarize(kernels[sel], attribution[sel], (status or {}).get("inductor_provenance"))
+    steady = summarize(kernels[sel], attribution[sel], (ScriptStatus.of(status) or ScriptStatus()).inductor_provenance)
     keep = ("graphs", "graphs_recorded", "warnings")
     return {**compiled, **{key: v for key, v in steady.items() if key not in keep}, "statistics": "measured steps"}

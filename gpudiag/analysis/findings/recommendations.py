@@ -23,12 +23,13 @@ from gpudiag.analysis.steps import serving
 from gpudiag.analysis.steps.frames import measured_api
 from gpudiag.analysis.steps.launches import in_measured_steps, kept_rows
 from gpudiag.analysis.steps.representative import compare_bare
+from gpudiag.script_status import ScriptStatus
 
 
 class RuleInputs(NamedTuple):
     """What :func:`rule_context` reads besides the fusion candidates and the measured steps, and the
     measured steps' host-compute stretches (:mod:`gpudiag.analysis.steps.host_work`)."""
-    status: dict | None
+    status: ScriptStatus | None
     dev: pd.Series
     compiled: dict
     host_stretches: pd.DataFrame | None = None
@@ -92,16 +93,16 @@ def findings(inp: FindingsInput) -> tuple[dict, pd.DataFrame]:
             "fusion_note": fusion_note, "host_ns_per_step": host_ns, "fusion_source": fusion_source}, api_m
 
 
-def rule_context(status: dict | None, dev: pd.Series, compiled: dict, candidates: list[dict], measured_ids) -> dict:
+def rule_context(status: ScriptStatus | dict | None, dev: pd.Series, compiled: dict, candidates: list[dict], measured_ids) -> dict:
     """The rules' context beyond the kernels: the launcher's per-step peak memory, cudnn.benchmark and
     autocast dtype, the GPU's memory, the compiled-graph summary, all fusion candidates and the
     bare run's inflation (profiled - bare median step time, ns; None without a bare run)."""
-    status = status or {}
-    bare = compare_bare({"script": status, "steps": {"per_step": [{"step": s, "measured": True} for s in measured_ids]}})
-    return {"peak_memory_bytes": {int(s): int(v) for s, v in (status.get("peak_memory_bytes_per_step") or {}).items() if v},
+    status = ScriptStatus.of(status) or ScriptStatus()
+    bare = compare_bare({"script": status.to_json(), "steps": {"per_step": [{"step": s, "measured": True} for s in measured_ids]}})
+    return {"peak_memory_bytes": {int(s): int(v) for s, v in (status.peak_memory_bytes_per_step or {}).items() if v},
             "device_memory_bytes": num(dev.get("total_memory_bytes")),
-            "cudnn_benchmark": status.get("cudnn_benchmark"), "autocast_dtype": status.get("autocast_dtype"),
-            "compiled": {**compiled, "dynamo": status.get("compile")} if compiled["graphs"] else None,
+            "cudnn_benchmark": status.cudnn_benchmark, "autocast_dtype": status.autocast_dtype,
+            "compiled": {**compiled, "dynamo": status.compile} if compiled["graphs"] else None,
             "candidates": candidates, "bare_inflation_ns": (bare or {}).get("inflation_ns"),
             "inference": serving.serving_context(status), "distributed": distributed_context(status, measured_ids)}
 

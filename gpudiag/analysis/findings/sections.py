@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from gpudiag.version import __version__
+from gpudiag.script_status import ScriptStatus
 from gpudiag.analysis.attribution.ranges import Steps
 from gpudiag.analysis.findings import tables
 from gpudiag.analysis.steps import host_work, outliers, step_stats
@@ -29,32 +30,32 @@ def few_steps(found: int) -> list[str]:
             "needs more steps of its own (e.g. its --epochs or --iters)"]
 
 
-def capture_warnings(meta: dict, status: dict | None) -> list[str]:
+def capture_warnings(meta: dict, status: ScriptStatus | None) -> list[str]:
     """Warnings about the capture itself: tables missing from the export, rows dropped, a failed script."""
     warnings = []
     if meta.get("missing"):
         warnings.append("missing from the export: " + ", ".join(meta["missing"][:12]))
     warnings.extend(row_checks.warning_lines(meta.get("dropped_rows") or {}, meta.get("rows_read") or {}))
-    if status and status.get("exit_code") not in (0, None):
-        warnings.append(f"the script failed (exit code {status.get('exit_code')}): {status.get('exception') or 'see gpudiag.log'}; "
+    if status is not None and status.failed:
+        warnings.append(f"the script failed (exit code {status.exit_code}): {status.exception or 'see gpudiag.log'}; "
                         "this report covers what was captured until then")
     return warnings
 
 
-def header(meta: dict, status: dict | None, compiled: dict, device_peaks) -> dict:
+def header(meta: dict, status: ScriptStatus | None, compiled: dict, device_peaks) -> dict:
     """report.json's first keys: versions, source, script status, compiled graphs, environment, device."""
+    dynamo = status.compile if status is not None else None
+    versions = {k: getattr(status, k) for k in ("torch_version", "torch_cuda_version") if status and getattr(status, k)}
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "gpudiag_version": __version__,
         "source": meta.get("source"),
         # the provenance can run to hundreds of KB: it stays in script_status.json
         # trials: the report's own section (gpudiag.trials.results.attach)
-        "script": {k: v for k, v in status.items() if k not in ("inductor_provenance", "trials", "trials_left_out",
-                                                                   "trials_budget", "patches")}
+        "script": status.without("inductor_provenance", "trials", "trials_left_out", "trials_budget", "patches").to_json()
         if status else None,
-        "compiled": {**compiled, "dynamo": (status or {}).get("compile")} if compiled["graphs"] or (status or {}).get("compile") else None,
-        "environment": {**meta.get("environment", {}),
-                        **{k: (status or {}).get(k) for k in ("torch_version", "torch_cuda_version") if (status or {}).get(k)}},
+        "compiled": {**compiled, "dynamo": dynamo} if compiled["graphs"] or dynamo else None,
+        "environment": {**meta.get("environment", {}), **versions},
         "device": {"name": device_peaks.name, "sm_count": device_peaks.sm_count,
                    "memory_bandwidth_bytes_per_s": device_peaks.bandwidth, "peak_flop_per_s": device_peaks.flops,
                    "peaks_source": device_peaks.source, "launch_overhead_ns": device_peaks.launch_overhead_ns}}

@@ -31,6 +31,7 @@ from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.ingest import Tables
 from gpudiag.analysis.ranks.comm import TRANSFER_TABLE
 from gpudiag.sources import names
+from gpudiag.script_status import ScriptStatus
 
 
 def os_pid(global_pid: int) -> int:
@@ -183,21 +184,22 @@ def analyse_processes(run_db: str, pids: list[int], options: dict, workers: int 
         return {p: f.result() for p, f in futures.items()}
 
 
-def _rank_ids(status: dict | None) -> dict[int, dict]:
+def _rank_ids(status: ScriptStatus | None) -> dict[int, dict]:
     """OS pid -> {rank, local_rank} from the launcher's status, where it recorded them."""
     out = {}
-    for entry in (status or {}).get("ranks") or []:
-        if isinstance(entry, dict) and entry.get("pid") is not None:
-            out[int(entry["pid"])] = {"rank": entry.get("rank"), "local_rank": entry.get("local_rank")}
+    for entry in (status.ranks if status is not None else None) or []:
+        if entry.pid is not None:
+            out[int(entry.pid)] = {"rank": entry.rank, "local_rank": entry.local_rank}
     return out
 
 
-def status_of_process(status: dict | None, global_pids) -> dict | None:
+def status_of_process(status: ScriptStatus | dict | None, global_pids) -> ScriptStatus | None:
     """The status that describes the one process of ``global_pids`` (a column of nsys global pids):
     for a rank of a launched job, the status that rank wrote (gpudiag.capture.rank_hook), with the
     bare run of the same rank as its ``bare_run``; else ``status`` unchanged (a single process, the
-    launcher itself, or several processes)."""
-    entries = (status or {}).get("ranks") or []
+    launcher itself, or several processes). The rank's status holds the job's as ``job_status``."""
+    status = ScriptStatus.of(status)
+    entries = (status.ranks if status is not None else None) or []
     if not entries:  # before looking at the pids: a column of 1 M kernels, read only for a launched job
         return status
     # the distinct values in C (pd.unique), not a Python set of every row; tolist: the values as set() sees them
@@ -205,15 +207,14 @@ def status_of_process(status: dict | None, global_pids) -> dict | None:
     if len(pids) != 1:
         return status
     pid = pids.pop()
-    own = next((e for e in entries if isinstance(e, dict) and e.get("pid") == pid), None)
+    own = next((e for e in entries if e.pid == pid), None)
     if own is None:
         return status
-    bare = next((e for e in ((status.get("bare_run") or {}).get("ranks") or [])
-                 if isinstance(e, dict) and e.get("rank") == own.get("rank")), None)
-    return {**own, "bare_run": bare, "job_status": {k: v for k, v in status.items() if k not in ("ranks", "bare_run")}}
+    bare = next((e for e in ((status.bare_run.ranks if status.bare_run else None) or []) if e.rank == own.rank), None)
+    return own.replaced(bare_run=bare, job_status=status.without("ranks", "bare_run"))
 
 
-def bare_by_rank(status: dict | None) -> dict[int, float]:
+def bare_by_rank(status: ScriptStatus | dict | None) -> dict[int, float]:
     """rank -> median step time (ns) of that rank in the run without the profiler (the bare run's
     ``ranks``: statuses the ranks wrote, gpudiag.capture.rank_hook): CUDA events where recorded,
     else host time, over the steps after the warm-up. Ranks are matched by rank, not pid: the
@@ -222,11 +223,12 @@ def bare_by_rank(status: dict | None) -> dict[int, float]:
 
     from gpudiag.analysis.steps.representative import step_times  # as the trials read a status's measured steps
 
+    status = ScriptStatus.of(status) or ScriptStatus()
     out = {}
-    for entry in ((status or {}).get("bare_run") or {}).get("ranks") or []:
-        times = step_times(entry)[0] if isinstance(entry, dict) and entry.get("rank") is not None else []
+    for entry in (status.bare_run.ranks if status.bare_run else None) or []:
+        times = step_times(entry)[0] if entry.rank is not None else []
         if times:
-            out[int(entry["rank"])] = statistics.median(times)
+            out[int(entry.rank)] = statistics.median(times)
     return out
 
 
@@ -318,13 +320,14 @@ def straggler_cause(slow: dict, fast: dict) -> dict:
             "text": f"{cause}: {components[cause] / 1e6:.2f} ms per step more than the fastest rank ({detail})"}
 
 
-def merged_view(procs: pd.DataFrame, reports: dict[int, dict], status: dict | None = None) -> dict:
+def merged_view(procs: pd.DataFrame, reports: dict[int, dict], status: ScriptStatus | dict | None = None) -> dict:
     """report.json's ``ranks``: one row per process (``procs``: :func:`processes`; ``reports``:
     global_pid -> its report) with step time (ns, median and mean of its measured steps), GPU busy
     (%), breakdown (%), communication and exposed communication (ns per step); each row's
     ``slower_than_fastest_percent``; ``straggler``: the rank the others wait for (:func:`_straggler`:
     at their collectives, which can make it the rank with the shortest median step), its excess
     over the fastest (ns and %), why, and a sentence; None with fewer than two timed ranks."""
+    status = ScriptStatus.of(status)
     ids = _rank_ids(status)
     rows = [_row(p.global_pid, p.device_id, reports.get(int(p.global_pid), {"error": "not analysed"}),
                  ids.get(os_pid(p.global_pid), {})) for p in procs.itertuples(index=False)]
@@ -427,13 +430,14 @@ def _waited_for(timed: list[dict], fastest: float, reports: dict[int, dict], wai
     return out
 
 
-def host_collectives_warning(status: dict | None, communication: dict | None) -> str | None:
+def host_collectives_warning(status: ScriptStatus | dict | None, communication: dict | None) -> str | None:
     """A warning for a job of several ranks (the launcher's ``ranks``, or a rank's own
     ``world_size``) whose capture holds no collective kernel: its collectives ran on the host (gloo,
     or CPU tensors), so their time is host time in the step, and the exposed-communication numbers
     (NCCL kernels only) do not cover them. None otherwise."""
-    sizes = [e.get("world_size") for e in (status or {}).get("ranks") or [] if isinstance(e, dict)]
-    sizes.append((status or {}).get("world_size"))
+    status = ScriptStatus.of(status) or ScriptStatus()
+    sizes = [e.world_size for e in status.ranks or []]
+    sizes.append(status.world_size)
     if communication or not any(isinstance(n, int) and n > 1 for n in sizes):
         return None
     return ("a job of several ranks with no collective kernel in the capture: its collectives ran on the host "

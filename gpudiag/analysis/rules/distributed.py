@@ -32,19 +32,21 @@ import pandas as pd
 from gpudiag.analysis.ranks.comm import collective_of, exposed_ns, exposed_transfer_ns
 from gpudiag.analysis.rules.base import Recommendation, RuleContext
 from gpudiag.analysis.rules.host_floor import LAUNCH_API
+from gpudiag.script_status import ScriptStatus
 
 
 
-def distributed_context(status: dict | None, measured_ids) -> dict | None:
+def distributed_context(status: ScriptStatus | dict | None, measured_ids) -> dict | None:
     """``RuleContext.distributed``: the rank's DDP settings, its FSDP settings (``fsdp``), the
     world size and its median ``backward()`` calls per measured step; None without DDP or FSDP."""
     import statistics
 
-    ddp, fsdp = (status or {}).get("ddp"), (status or {}).get("fsdp")
+    status = ScriptStatus.of(status) or ScriptStatus()
+    ddp, fsdp = status.ddp, status.fsdp
     if not ddp and not fsdp:
         return None
-    ddp = {**(ddp or {}), "fsdp": fsdp, "world_size": (status or {}).get("world_size")}
-    calls = (status or {}).get("backward_calls") or {}
+    ddp = {**(ddp or {}), "fsdp": fsdp, "world_size": status.world_size}
+    calls = status.backward_calls or {}
     # the measured steps' counts; else every step's the launcher kept (the same loop each step)
     per_step = [calls[str(i)] for i in measured_ids if str(i) in calls] or list(calls.values())
     return {**ddp, "backward_per_step": statistics.median(per_step) if per_step else None}

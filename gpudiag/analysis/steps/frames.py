@@ -15,6 +15,7 @@ from gpudiag.analysis.ingest import Tables
 from gpudiag.analysis.steps import outliers
 from gpudiag.analysis.steps.launches import in_measured_steps
 from gpudiag.analysis.steps.timeline import gpu_activities, step_table
+from gpudiag.script_status import ScriptStatus
 
 
 # What made gpudiag's step ranges, by the launcher's step_mode (gpudiag.capture.instrument).
@@ -22,19 +23,19 @@ STEP_SOURCES = {"optimizer": "optimizer.step()", "call": "gpudiag.step() or --st
                 "forward": "calls of the outermost module", "generate": "generate() calls"}
 
 
-def named_source(steps: Steps, status: dict | None) -> Steps:
+def named_source(steps: Steps, status: ScriptStatus | dict | None) -> Steps:
     """``steps`` with the launcher's own step source named where its status recorded one: a
     generate() loop's steps are not "optimizer.step() or gpudiag.step()"."""
-    mode = (status or {}).get("step_mode")
+    mode = (ScriptStatus.of(status) or ScriptStatus()).step_mode
     if steps.kind != "gpudiag" or mode not in STEP_SOURCES:
         return steps
     return dataclasses.replace(steps, source=steps.source.replace("optimizer.step() or gpudiag.step()",
                                                                   STEP_SOURCES[mode]))
 
 
-def detail_step(status: dict | None, attribution: pd.DataFrame) -> int | None:
+def detail_step(status: ScriptStatus | dict | None, attribution: pd.DataFrame) -> int | None:
     """The step recorded with per-op ranges: the launcher's, else the step most op calls fall in."""
-    detail_step = (status or {}).get("detail_step")
+    detail_step = (ScriptStatus.of(status) or ScriptStatus()).detail_step
     if detail_step is None and (attribution["op_call"] >= 0).any():
         detail_step = int(attribution.loc[attribution["op_call"] >= 0, "step"].mode().iloc[0])
     return detail_step
@@ -102,7 +103,7 @@ def measured_api(runtime_api: pd.DataFrame, steps: Steps, measured_ids: set) -> 
                              steps.table, measured_ids)
 
 
-def micro_batches(status: dict | None, steps: Steps, measured_ids: set) -> dict | None:
+def micro_batches(status: ScriptStatus | dict | None, steps: Steps, measured_ids: set) -> dict | None:
     """What one step holds, from the launcher's counts (:func:`gpudiag.capture.training_steps.
     micro_batches`), medians over the measured steps that have them: ``per_step`` (k: an optimizer
     step over k micro-batches, gradient accumulation when k > 1), ``closure_evaluations`` (closures
@@ -110,10 +111,11 @@ def micro_batches(status: dict | None, steps: Steps, measured_ids: set) -> dict 
     ``optimizer_calls``. None when the status has no counts for the measured steps (an export made
     without gpudiag), or when the steps are not the launcher's optimizer steps numbered as it
     numbered them (``--steps-from``, the user's own step ranges, several runs in one capture)."""
-    if steps.kind != "gpudiag" or steps.runs is not None or (status or {}).get("step_mode") != "optimizer":
+    status = ScriptStatus.of(status) or ScriptStatus()
+    if steps.kind != "gpudiag" or steps.runs is not None or status.step_mode != "optimizer":
         return None
     def median_of(key: str) -> float | None:
-        values = [v for k, v in ((status or {}).get(key) or {}).items() if int(k) in measured_ids]
+        values = [v for k, v in (getattr(status, key) or {}).items() if int(k) in measured_ids]
         return float(np.median(values)) if values else None
 
     per_step = median_of("micro_batches")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpudiag.script_status import ScriptStatus
 
 
 def _measured_ids(report: dict) -> list[int]:
@@ -32,28 +33,29 @@ def _measured_ids(report: dict) -> list[int]:
 STEP_KEYS = ("step_gpu_ns", "step_wall_ns")  # a launcher status's per-step times, best method first
 
 
-def step_times(status: dict) -> tuple[list[float], str]:
+def step_times(status: ScriptStatus | dict) -> tuple[list[float], str]:
     """(measured step times in ns, method) of one launcher status: steps at or after its
     ``warmup_steps``, within its window when it had one; CUDA events at the step boundaries
     (``step_gpu_ns``) where the status has them, else host wall-clock time (``step_wall_ns``).
     Read by the ranks' bare runs (:mod:`gpudiag.analysis.ranks.processes`) and by the trials
-    (:mod:`gpudiag.trials.results`)."""
-    warmup = int(status.get("warmup_steps") or 0)
-    last = None if status.get("window_steps") is None else warmup + int(status["window_steps"]) - 1
+    (:mod:`gpudiag.trials.results`). Raises :class:`gpudiag.errors.UserError` for a dict that is no status."""
+    status = ScriptStatus.of(status)
+    warmup = int(status.warmup_steps or 0)
+    last = None if status.window_steps is None else warmup + int(status.window_steps) - 1
     for key, method in zip(STEP_KEYS, ("CUDA events", "host wall-clock time")):
-        times = [float(v) for k, v in (status.get(key) or {}).items()
+        times = [float(v) for k, v in (getattr(status, key) or {}).items()
                  if int(k) >= warmup and (last is None or int(k) <= last) and v and v > 0]
         if times:
             return times, method
     return [], ""
 
 
-def _times(status: dict | None, ids: list[int], key: str) -> dict[int, float]:
-    times = (status or {}).get(key) or {}
+def _times(status: ScriptStatus | None, ids: list[int], key: str) -> dict[int, float]:
+    times = (getattr(status, key) if status is not None else None) or {}
     return {i: float(times[str(i)]) for i in ids if str(i) in times and times[str(i)] > 0}
 
 
-def _paired(status: dict, bare_status: dict, ids: list[int]) -> tuple[dict, dict, str]:
+def _paired(status: ScriptStatus, bare_status: ScriptStatus, ids: list[int]) -> tuple[dict, dict, str]:
     """Per-step times of both runs by the best method both have: CUDA events at the step
     boundaries (GPU time, right even when the host runs ahead), else host wall-clock time."""
     for key, method in (("step_gpu_ns", "CUDA events recorded (never waited on) at the same step boundaries"),
@@ -70,8 +72,8 @@ def compare_bare(report: dict) -> dict | None:
     ``bare_step_time_ns`` / ``profiled_step_time_ns`` (medians, ns), ``inflation_ns``,
     ``inflation_percent``, ``steps_compared`` and ``bare_samples_ns`` (one per compared step), or
     with ``unavailable`` (the reason) when the two runs share no measured step."""
-    status = report.get("script") or {}
-    bare_status = status.get("bare_run")
+    status = ScriptStatus.of(report.get("script") or {})
+    bare_status = status.bare_run
     if bare_status is None:
         return None
     ids = _measured_ids(report)
@@ -79,7 +81,7 @@ def compare_bare(report: dict) -> dict | None:
     common = sorted(set(profiled) & set(bare))
     if not common:
         return {"unavailable": "the run without the profiler completed none of the measured steps "
-                               f"(exit code {bare_status.get('exit_code')}; see gpudiag.log)"}
+                               f"(exit code {bare_status.exit_code}; see gpudiag.log)"}
     bare_med = float(np.median([bare[i] for i in common]))
     prof_med = float(np.median([profiled[i] for i in common]))
     return {

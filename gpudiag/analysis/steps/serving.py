@@ -23,32 +23,34 @@ from __future__ import annotations
 import numpy as np
 
 from gpudiag.analysis.steps.representative import _times  # the bare-run comparison's per-step reading
+from gpudiag.script_status import ScriptStatus
 
 PERCENTILES = (50, 90, 99)
 
 
-def is_inference(status: dict | None) -> bool:
+def is_inference(status: ScriptStatus | dict | None) -> bool:
     """True for a run whose steps are requests: forward or generate() steps, or any steps with no
     ``backward()`` call recorded (no loss kept). False without a launcher status (an export), and
     for steps that called ``backward()`` (forward steps of a training loop with no torch.optim
     optimizer, such as pytorch/examples word_language_model's hand-written SGD update)."""
-    if not status or not status.get("step_mode") or status.get("losses"):
+    status = ScriptStatus.of(status)
+    if status is None or not status.step_mode or status.losses:
         return False
     # a status without the "losses" key predates their recording: nothing says it is inference
-    return status["step_mode"] in ("forward", "generate") or ("losses" in status and not status["losses"])
+    return status.step_mode in ("forward", "generate") or status.losses is not None
 
 
-def serving_context(status: dict | None) -> dict | None:
+def serving_context(status: ScriptStatus | dict | None) -> dict | None:
     """What the inference rules read (``RuleContext.inference``): the step mode and the stepping
     module's parameters (bytes, tensors, dtype); None for training runs and exports."""
+    status = ScriptStatus.of(status)
     if not is_inference(status):
         return None
-    bare = status.get("bare_run") or {}
-    return {"step_mode": status.get("step_mode"),
-            "root_parameters": status.get("root_parameters") or bare.get("root_parameters")}
+    bare = status.bare_run or ScriptStatus()
+    return {"step_mode": status.step_mode, "root_parameters": status.root_parameters or bare.root_parameters}
 
 
-def _step_times(run: dict, ids: list[int]) -> tuple[dict[int, float], str]:
+def _step_times(run: ScriptStatus, ids: list[int]) -> tuple[dict[int, float], str]:
     for key, method in (("step_gpu_ns", "CUDA events at the step boundaries"),
                         ("step_wall_ns", "host wall-clock time between the step boundaries")):
         found = _times(run, ids, key)
@@ -57,10 +59,10 @@ def _step_times(run: dict, ids: list[int]) -> tuple[dict[int, float], str]:
     return {}, ""
 
 
-def _generation(run: dict, times: dict[int, float], samples: int | None) -> dict | None:
+def _generation(run: ScriptStatus, times: dict[int, float], samples: int | None) -> dict | None:
     """Medians over the measured generate() steps of TTFT, TPOT (ns) and tokens/s; None without
     forward offsets (a run that was not in generate mode)."""
-    forwards = run.get("generate_forwards") or {}
+    forwards = run.generate_forwards or {}
     gpu = all("gpu_ns" in forwards.get(str(i), {}) for i in times)
     ttft, tpot, rate, tokens = [], [], [], []
     for i, step_ns in times.items():
@@ -81,7 +83,7 @@ def _generation(run: dict, times: dict[int, float], samples: int | None) -> dict
             "method": ("CUDA events" if gpu else "host wall-clock time") + " at each forward's start (docs/inference.md)"}
 
 
-def request_metrics(status: dict | None, measured_ids: list[int]) -> dict | None:
+def request_metrics(status: ScriptStatus | dict | None, measured_ids: list[int]) -> dict | None:
     """The per-request section of the report, or None when the run is not an inference run
     (:func:`is_inference`) or has no step time. ``status``: the launcher's status of the profiled
     run (with ``bare_run`` when one was made); ``measured_ids``: the measured steps' indices.
@@ -91,38 +93,40 @@ def request_metrics(status: dict | None, measured_ids: list[int]) -> dict | None
     step time), ``startup_ns`` and ``warmup_ns`` (the run's start-up before step 0, and its warm-up
     steps: in no measured step), ``warmup_steps``, ``method`` and ``generation``
     (see :func:`_generation`) for generate() steps."""
+    status = ScriptStatus.of(status)
     if not is_inference(status):
         return None
-    bare = status.get("bare_run")
+    bare = status.bare_run
     run, source = (bare, "bare run") if bare and _step_times(bare, measured_ids)[0] else (status, "profiled run")
     times, method = _step_times(run, measured_ids)
     if not times:
         return None
-    samples = run.get("samples_per_step") or status.get("samples_per_step")
+    samples = run.samples_per_step or status.samples_per_step
     values = list(times.values())
     median = float(np.median(values))
     return {
-        "source": source, "step_mode": status.get("step_mode"), "steps": len(values), "method": method,
+        "source": source, "step_mode": status.step_mode, "steps": len(values), "method": method,
         "latency_ns": {f"p{q}": float(np.percentile(values, q)) for q in PERCENTILES},
         "latency_samples_ns": values,
         "samples_per_step": samples,
         "samples_per_s": (samples / (median / 1e9)) if samples and median > 0 else None,
-        "startup_ns": run.get("startup_ns"), "warmup_ns": run.get("warmup_ns"),
-        "warmup_steps": run.get("warmup_steps"),
+        "startup_ns": run.startup_ns, "warmup_ns": run.warmup_ns, "warmup_steps": run.warmup_steps,
         "generation": _generation(run, times, samples),
     }
 
 
-def decode_floor(generation: dict, status: dict, bandwidth: float | None) -> dict | None:
+def decode_floor(generation: dict, status: ScriptStatus | dict | None, bandwidth: float | None) -> dict | None:
     """The decode step against the memory roofline: the bytes one output token must read (the
     weights, plus the KV cache at the mean context length, prompt + half the new tokens, for each
     sequence: Hugging Face decoder-only configs only) ÷ the HBM bandwidth (bytes/s). Returns
     {"floor_ns", "bytes", "kv_included", "tpot_over_floor"}; None without the weights' size."""
-    params = (status or {}).get("root_parameters") or ((status or {}).get("bare_run") or {}).get("root_parameters")
+    status = ScriptStatus.of(status) or ScriptStatus()
+    bare = status.bare_run or ScriptStatus()
+    params = status.root_parameters or bare.root_parameters
     if not params or not params.get("bytes") or not bandwidth:
         return None
     total, kv = float(params["bytes"]), params.get("kv_bytes_per_position")
-    shape = (status or {}).get("first_input_shape") or ((status or {}).get("bare_run") or {}).get("first_input_shape")
+    shape = status.first_input_shape or bare.first_input_shape
     sequences = generation.get("sequences_per_step") or 1
     new = generation["tokens_per_step"] / sequences
     if kv and shape and len(shape) >= 2:
