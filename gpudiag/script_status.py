@@ -2,9 +2,10 @@
 typed object: :class:`ScriptStatus`.
 
 The launcher (:mod:`gpudiag.capture.launch`) and each rank's hook (:mod:`gpudiag.capture.rank_hook`)
-write the file as plain JSON from inside the user's process; everything after reads it through
-:meth:`ScriptStatus.from_json` / :func:`read_status` and writes it back through
-:meth:`ScriptStatus.to_json`. The JSON keys are the field names; a file round-trips unchanged
+fill one from inside the user's process (:meth:`ScriptStatus.update`, unchecked there: the status is
+written whatever the script left) and write it with :meth:`ScriptStatus.to_json`; everything after
+reads it through :meth:`ScriptStatus.from_json` / :func:`read_status` (checked: an odd file is one
+line naming it), and the capture, the trials and ``gpudiag profile`` pass it on as this object. The JSON keys are the field names; a file round-trips unchanged
 (:meth:`to_json` gives back the dict :meth:`from_json` read: its keys, its nulls, its order), so an
 older gpudiag reads what this one writes and the other way round:
 
@@ -147,6 +148,20 @@ class ScriptStatus:
         """A copy with ``changes`` (field names); a changed field is written by :meth:`to_json` even
         as None, as assigning the key in the file's dict would."""
         return dataclasses.replace(self, **changes, _keys=tuple(dict.fromkeys((*self._keys, *changes))))
+
+    def update(self, data: dict | None = None, **entries) -> None:
+        """Set entries in place, as ``dict.update`` on the file's dict would (the launcher's and the
+        rank hook's writing inside the user's process): known keys become fields, others go to
+        :attr:`extra`; every key given is written by :meth:`to_json`, nulls included. Nothing is
+        checked here (a status must be written whatever the script left): :meth:`from_json` checks
+        on reading."""
+        entries = {**(data or {}), **entries}
+        for key, value in entries.items():
+            if key in _FIELD_KINDS:
+                setattr(self, key, value)
+            else:
+                self.extra[key] = value
+        self._keys = tuple(dict.fromkeys((*self._keys, *entries)))
 
     def without(self, *keys: str) -> ScriptStatus:
         """A copy without ``keys`` (fields become None and are not written; unknown keys dropped)."""

@@ -79,3 +79,18 @@ def test_lenient_reading_for_the_capture(tmp_path):
     path.write_text('{"exit_code": []}')  # whole but odd: still said
     with pytest.raises(UserError):
         read_status_lenient(path)
+
+
+def test_update_writes_what_a_dict_update_would():
+    """The launcher's and the rank hook's way of writing: ScriptStatus.update gives the same file
+    as dict.update on the file's dict (nulls kept, unknown keys kept, order of first setting)."""
+    plain: dict = {}
+    typed = ScriptStatus()
+    for entries in ({"script": "train.py", "exit_code": None, "exception": None},
+                    {"steps_completed": 5, "step_wall_ns": {"2": 1.5e6}, "a_newer_key": [1, 2]},
+                    {"exit_code": 0, "ranks": None}):
+        plain.update(entries)
+        typed.update(entries)
+    assert typed.to_json() == plain and list(typed.to_json()) == list(plain)
+    assert typed.exit_code == 0 and typed.extra == {"a_newer_key": [1, 2]}
+    assert ScriptStatus.from_json(typed.to_json()) == typed

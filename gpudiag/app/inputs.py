@@ -113,13 +113,14 @@ def read_calibration(path: Path, gpu: str | None) -> dict:
 
 @dataclass
 class AnalysisInputs:
-    """What the analysis of one SOURCE needs, checked (:func:`analysis_inputs`)."""
+    """What the analysis of one SOURCE needs, checked (:func:`analysis_inputs`); the one input of
+    :func:`gpudiag.app.report.ingest_and_analyse` (``gpudiag profile`` makes it from its capture)."""
 
-    export: Path  # the nsys SQLite export (.sqlite or .sqlite.xz)
-    status: ScriptStatus | None  # the launcher's status file of a run directory
-    default_dir: Path  # where gpudiag report writes without -o
-    ncu: Path | None  # the Nsight Compute report, if any
-    calibration: dict | None  # measured peaks, if any
+    export: Path | list[Path]  # the nsys SQLite export (.sqlite or .sqlite.xz), or one job's rank exports
+    status: ScriptStatus | None = None  # the launcher's status file of a run directory
+    default_dir: Path | None = None  # where gpudiag report writes without -o
+    ncu: Path | None = None  # the Nsight Compute report (.ncu-rep or .ncu-rep.xz), if any
+    calibration: dict | None = None  # measured peaks (read_calibration), if any
 
 
 def check_steps_from(steps_from: str | None) -> None:

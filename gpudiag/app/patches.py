@@ -43,7 +43,7 @@ def hand_back(script, script_args: list[str], run_dir: Path, config, report: dic
         elif verify_patches == "all" or (verify_patches == "top" and not any(p["made"] for p in out)):
             started = time.monotonic()
             patch.verification = verify.verify(patch, script, script_args, run_dir, config, trial, left, echo=echo,
-                                               autocast_dtype=profiled.get("autocast_dtype"))
+                                               autocast_dtype=profiled.autocast_dtype)
             left -= time.monotonic() - started
             echo(f"[patch] {trial['change']}: {patch.verification['status']} ({patch.verification.get('why', '')}); "
                  f"{Path(run_dir) / make.CHANGES_DIR / (trial['change'] + '.patch')}")

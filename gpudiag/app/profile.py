@@ -110,14 +110,15 @@ def _capture_and_report(job: Job, stage: StageTracker, feedback: Feedback) -> in
     if job.no_analysis:
         feedback.echo(f"capture kept in {run_dir}; analyse it with: gpudiag report {run_dir}")
         return code
+    from gpudiag.app.inputs import AnalysisInputs
     from gpudiag.app.report import analyse_and_report
 
     calibration = cached_calibration(result.sqlite, run_dir, feedback.echo)
     show = (lambda report: feedback.show_report(report, run_dir))
     parts: dict[str, float] = {}
     with stage("[3/3] analysing"):
-        report = analyse_and_report(result.sqlite, run_dir, job.analysis, status=result.status,
-                                    calibration=calibration, top=max(20, job.ncu_top if job.use_ncu else 0), show=show,
+        report = analyse_and_report(AnalysisInputs(result.sqlite, result.status, run_dir, calibration=calibration),
+                                    run_dir, job.analysis, top=max(20, job.ncu_top if job.use_ncu else 0), show=show,
                                     times=parts)
     record_stage_times(run_dir, stage.seconds, parts, result.status, feedback.echo)
     detail = report["steps"]["detail_step"]
@@ -128,8 +129,8 @@ def _capture_and_report(job: Job, stage: StageTracker, feedback: Feedback) -> in
                                  echo=feedback.echo, stage=stage)
         if ncu_report is not None:
             with stage("[ncu] re-analysing with Nsight Compute measurements"):
-                analyse_and_report(result.sqlite, run_dir, job.analysis, status=result.status, ncu=ncu_report,
-                                   calibration=calibration, show=show)
+                analyse_and_report(AnalysisInputs(result.sqlite, result.status, run_dir, ncu_report, calibration),
+                                   run_dir, job.analysis, show=show)
     elif job.use_ncu:
         feedback.echo("--ncu skipped: no detail step with kernels (profile with op ranges and at least warm-up + 1 steps)")
     if job.verify:
@@ -141,7 +142,7 @@ def _capture_and_report(job: Job, stage: StageTracker, feedback: Feedback) -> in
     return code
 
 
-def _capture_window(job: Job, bare: dict | None, stage: StageTracker, feedback: Feedback):
+def _capture_window(job: Job, bare: ScriptStatus | None, stage: StageTracker, feedback: Feedback):
     """The capture over the step window; the whole script when the window cannot open: the bare
     run found fewer steps than the warm-up, or nsys recorded nothing because the launcher never
     reached the window (then the script runs once more, captured whole). Raises UserError when
@@ -150,16 +151,16 @@ def _capture_window(job: Job, bare: dict | None, stage: StageTracker, feedback: 
 
     config = job.config
     bare = job_view(bare) if bare is not None else None
-    if config.capture_range and bare is not None and bare.get("exit_code") == 0 \
-            and int(bare.get("steps_completed") or 0) < config.capture_start_step:
-        feedback.echo(f"[window] the bare run completed {bare.get('steps_completed') or 0} steps, fewer than the "
+    if config.capture_range and bare is not None and bare.exit_code == 0 \
+            and int(bare.steps_completed or 0) < config.capture_start_step:
+        feedback.echo(f"[window] the bare run completed {bare.steps_completed or 0} steps, fewer than the "
                    f"{config.warmup_steps} warm-up steps: capturing the whole script (see --steps-from)")
         config = job.config = dataclasses.replace(config, capture_range=False)
     try:
         return capture(job.script, job.script_args, job.run_dir, config, job.nsys_exe, echo=feedback.echo, stage=stage)
     except CaptureError as exc:
         status_path = job.run_dir / STATUS_NAME
-        status = ScriptStatus.of(job_view(read_status_lenient(status_path).to_json()))
+        status = job_view(read_status_lenient(status_path))
         if not config.capture_range or status.capture_started_step is not None or not status:
             raise UserError(str(exc), exit_code=3) from None
     feedback.echo(f"[window] the script reached no step window ({status.steps_completed or 0} steps): "

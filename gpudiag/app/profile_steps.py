@@ -12,6 +12,7 @@ from gpudiag.app.progress import Feedback, StageTracker, stage_times_line
 from gpudiag.capture import calibrate
 from gpudiag.capture.run import STATUS_NAME, mark_interrupted
 from gpudiag.errors import UserError
+from gpudiag.script_status import ScriptStatus, write_status
 
 
 def cached_calibration(export: Path, run_dir: Path, echo) -> dict | None:
@@ -118,7 +119,7 @@ BARE_KEYS = ("exit_code", "exception", "steps_completed", "step_wall_ns", "step_
 STAGE_TIMES_NAME = "stage_times.json"
 
 
-def record_stage_times(run_dir: Path, seconds: dict[str, float], parts: dict[str, float], status: dict | None,
+def record_stage_times(run_dir: Path, seconds: dict[str, float], parts: dict[str, float], status: ScriptStatus | None,
                        echo=None) -> None:
     """Write the wall time of each stage of ``gpudiag profile`` into the run directory's
     stage_times.json (``stages_s``: stage -> seconds in the order run, ``analysing_parts_s``: the
@@ -126,7 +127,7 @@ def record_stage_times(run_dir: Path, seconds: dict[str, float], parts: dict[str
     launcher's ``ended_unix_s`` in ``status``, to now; None without it) and, with ``echo``, show it
     in one line: what a user waits for after the script's window, measured (docs/scale.md,
     "gpudiag profile end to end")."""
-    ended = (status or {}).get("ended_unix_s")
+    ended = status.ended_unix_s if status is not None else None
     after = time.time() - ended if isinstance(ended, (int, float)) else None
     (run_dir / STAGE_TIMES_NAME).write_text(json.dumps({"stages_s": seconds, "analysing_parts_s": parts,
                                                         "report_after_script_s": after}, indent=1))
@@ -135,14 +136,15 @@ def record_stage_times(run_dir: Path, seconds: dict[str, float], parts: dict[str
                                                  if after is not None else ""))
 
 
-def keep_bare_run(bare: dict, run_dir: Path, status: dict) -> None:
+def keep_bare_run(bare: ScriptStatus, run_dir: Path, status: ScriptStatus) -> None:
     """The bare run's step times join the script's status (in memory and in script_status.json) as
     ``bare_run``, where the analysis finds them."""
-    status["bare_run"] = {k: bare.get(k) for k in BARE_KEYS}
-    (run_dir / STATUS_NAME).write_text(json.dumps(status, indent=1))
+    kept = bare.to_json()
+    status.update(bare_run=ScriptStatus.from_json({k: kept.get(k) for k in BARE_KEYS}))
+    write_status(run_dir / STATUS_NAME, status)
 
 
-def run_trials(job, status: dict, feedback: Feedback) -> None:
+def run_trials(job, status: ScriptStatus, feedback: Feedback) -> None:
     """Choose and run the trials, then rewrite report.json / report.html with them."""
     from gpudiag.app.patches import hand_back
     from gpudiag.app.report import write_reports
@@ -153,7 +155,7 @@ def run_trials(job, status: dict, feedback: Feedback) -> None:
     if not report_path.exists():
         return
     profiled = results.job_view(status)  # a launched job: its ranks' steps, the lowest rank's settings
-    if job.asked_changes is None and not profiled.get("step_gpu_ns"):
+    if job.asked_changes is None and not profiled.step_gpu_ns:
         feedback.echo("[try] no trials: no step of the profiled run was timed on a GPU (trials compare CUDA-event "
                    "step times); --try CHANGE,... runs the ones you name anyway")
         return
@@ -182,18 +184,20 @@ def run_trials(job, status: dict, feedback: Feedback) -> None:
     status.update(trials=report["trials"], trials_left_out=report["trials_left_out"],
                   **({"trials_budget": report["trials_budget"]} if report.get("trials_budget") else {}),
                   **({"patches": report["patches"]} if report.get("patches") else {}))
-    (job.run_dir / STATUS_NAME).write_text(json.dumps(status, indent=1))
+    write_status(job.run_dir / STATUS_NAME, status)
 
 
 def analyse_interrupted(job, result, stage: StageTracker, feedback: Feedback) -> int:
     """The report of a capture Ctrl-C stopped (no --ncu, no --verify: the user asked to stop).
     A capture too short to analyse keeps its export; the exit code stays the interruption's."""
+    from gpudiag.app.inputs import AnalysisInputs
     from gpudiag.app.report import analyse_and_report
 
     with stage("[3/3] analysing what was captured before the interruption"):
         try:
-            analyse_and_report(result.sqlite, job.run_dir, job.analysis, status=result.status,
-                               calibration=cached_calibration(result.sqlite, job.run_dir, feedback.echo))
+            calibration = cached_calibration(result.sqlite, job.run_dir, feedback.echo)
+            analyse_and_report(AnalysisInputs(result.sqlite, result.status, job.run_dir, calibration=calibration),
+                               job.run_dir, job.analysis)
         except UserError as exc:
             feedback.warn(f"no report: {exc.message}; the export is kept in {result.sqlite}", err=True)
     feedback.warn(f"interrupted: the capture was stopped early; {job.run_dir / STATUS_NAME} records it",

@@ -4,6 +4,7 @@ analysis, :func:`gpudiag.load`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from gpudiag.analysis.errors import AnalysisError
 from gpudiag.analysis.finish import Report
-from gpudiag.app.inputs import (analysis_inputs, decompressed, read_report, refuse_overwrites, resolve_sources,
+from gpudiag.app.inputs import (AnalysisInputs, analysis_inputs, decompressed, read_report, refuse_overwrites, resolve_sources,
                                 written_report)
 from gpudiag.app.options import AnalysisOptions
 from gpudiag.app.output import commit, make_output_folder, partial, write_atomically, written_or_removed
@@ -35,15 +36,15 @@ def write_reports(result: dict, out_dir: Path) -> None:
     write_atomically({out_dir / "report.json": json_report.to_json(report), out_dir / "report.html": html.render(report)})
 
 
-def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: AnalysisOptions, status: dict | None = None,
-                       ncu: Path | None = None, calibration: dict | None = None, top: int = 20,
+def ingest_and_analyse(inputs: AnalysisInputs, db_path: Path, options: AnalysisOptions, top: int = 20,
                        notes: list[str] | None = None, times: dict[str, float] | None = None) -> dict:
-    """The analysis of ``export`` (``.sqlite`` or ``.sqlite.xz``, or a list of them: the exports of one
-    job's ranks, :func:`gpudiag.analysis.ingest.ingest_many`; ``ncu``: its Nsight Compute report,
-    ``.ncu-rep`` or ``.ncu-rep.xz``): ingested into the run database ``db_path``, then analysed into
-    report.json's content (a dict, documented in docs/architecture.md). ``status``: the launcher's
-    status of a run directory (warm-up steps, step mode, trials); ``calibration``: measured peaks
-    (:func:`read_calibration`); ``top``: how many kernels the kernel tables keep. The ranks of a
+    """The analysis of ``inputs.export`` (``.sqlite`` or ``.sqlite.xz``, or a list of them: the exports
+    of one job's ranks, :func:`gpudiag.analysis.ingest.ingest_many`; ``inputs.ncu``: its Nsight
+    Compute report, ``.ncu-rep`` or ``.ncu-rep.xz``): ingested into the run database ``db_path``,
+    then analysed into report.json's content (a dict, documented in docs/architecture.md).
+    ``inputs.status``: the launcher's status of a run directory (warm-up steps, step mode, trials);
+    ``inputs.calibration``: measured peaks (:func:`read_calibration`); ``top``: how many kernels the
+    kernel tables keep. The ranks of a
     several-process job are analysed where ``options`` says (Dask or a process pool); ``notes``, if
     given, receives the line the terminal shows about the engine (:mod:`gpudiag.app.ranks`), never
     written into the report; exports that cannot be one job's ranks are the report's first
@@ -60,10 +61,11 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
     from gpudiag.analysis.pipeline import analyse
     from gpudiag.analysis.ranks.engine import EngineError, RankEngine
 
+    export, status, calibration = inputs.export, inputs.status, inputs.calibration
     exports = list(export) if isinstance(export, (list, tuple)) else [export]
     label = exports[0] if len(exports) == 1 else Path(f"{exports[0]} (+{len(exports) - 1} more exports)")
     with timed(times, "reading the export"):
-        db, mismatches = _ingest(exports, db_path, ncu)
+        db, mismatches = _ingest(exports, db_path, inputs.ncu)
     status = ScriptStatus.of(status)
     known = status or ScriptStatus()
     # 2 warm-up steps: the launcher's default (CaptureConfig.warmup_steps) for a status that predates the key
@@ -94,7 +96,7 @@ def ingest_and_analyse(export: Path | list[Path], db_path: Path, options: Analys
                 result["patches"] = known.patches
         from gpudiag.trials.framework_changes import name_switches
 
-        name_switches(result, status.to_json() if status is not None else None)  # the advice names the switch of the script's framework (Lightning, HF, ...)
+        name_switches(result, status)  # the advice names the switch of the script's framework (Lightning, HF, ...)
         if notes is not None:
             from gpudiag.app.ranks import engine_note
 
@@ -152,12 +154,10 @@ def _own_folder(tmp: Path, index: int) -> Path:
 
 
 
-def analyse_and_report(export: Path | list[Path], out_dir: Path, options: AnalysisOptions, status: dict | None = None,
-                       ncu: Path | None = None, calibration: dict | None = None, top: int = 20,
+def analyse_and_report(inputs: AnalysisInputs, out_dir: Path, options: AnalysisOptions, top: int = 20,
                        show: Callable[[dict], None] | None = None, notes: list[str] | None = None,
                        times: dict[str, float] | None = None) -> dict:
-    """Ingest ``export`` (``.sqlite`` or ``.sqlite.xz``, plus the Nsight Compute report ``ncu`` if
-    given, ``.ncu-rep`` or ``.ncu-rep.xz``) into ``out_dir``/run.sqlite, analyse it and write
+    """Ingest ``inputs`` (:func:`ingest_and_analyse`) into ``out_dir``/run.sqlite, analyse it and write
     report.html and report.json there; then ``show(result)`` (the face prints its summary). When it
     fails, the folders it created are removed again (a folder that existed before is left alone).
     ``times``, if given, receives the seconds of each part: "reading the export", "analysis" and
@@ -167,8 +167,7 @@ def analyse_and_report(export: Path | list[Path], out_dir: Path, options: Analys
     with written_or_removed(out_dir, created):  # also Ctrl-C: a half-written report folder only misleads
         # the run database under its partial name until it is complete; the reports only after it,
         # so that report files never stand without the run database they were made from
-        result = ingest_and_analyse(export, partial(out_dir / "run.sqlite"), options, status, ncu, calibration, top,
-                                    notes, times)
+        result = ingest_and_analyse(inputs, partial(out_dir / "run.sqlite"), options, top, notes, times)
         commit(out_dir / "run.sqlite")
         with timed(times, "report files"):
             write_reports(result, out_dir)
@@ -228,8 +227,7 @@ def _report_locked(request: ReportRequest, exports: list[Path], status, default_
     inputs = _inputs(request.sources, exports, status, default_dir, request.options, request.ncu, request.peaks_file)
     if request.options.scheduler:  # before the ingest: a wrong address is said at once
         check_scheduler(request.options.scheduler)
-    return analyse_and_report(exports if len(exports) > 1 else inputs.export, out_dir, request.options,
-                              status=inputs.status, ncu=inputs.ncu, calibration=inputs.calibration,
+    return analyse_and_report(inputs, out_dir, request.options,
                               show=(lambda result: show(result, out_dir)) if show else None, notes=request.notes,
                               times=ShownTimes(request.stage) if request.stage else None)
 
@@ -241,7 +239,8 @@ def _inputs(sources: Sequence[Path], exports: list[Path], status, default_dir: P
     if len(exports) > 1 and ncu is not None:
         raise UserError(f"{ncu}: --ncu goes with one export; pass it with the export of the rank ncu profiled")
     source = sources[0] if len(exports) == 1 else exports[0]
-    return analysis_inputs(source, options, ncu, peaks_file, resolved=(exports[0], status, default_dir))
+    inputs = analysis_inputs(source, options, ncu, peaks_file, resolved=(exports[0], status, default_dir))
+    return dataclasses.replace(inputs, export=exports) if len(exports) > 1 else inputs
 
 
 def load_report(sources: Sequence[Path], options: AnalysisOptions, ncu: Path | None = None,
@@ -261,5 +260,4 @@ def load_report(sources: Sequence[Path], options: AnalysisOptions, ncu: Path | N
     exports, status, default_dir = resolve_sources(tuple(sources))
     inputs = _inputs(sources, exports, status, default_dir, options, ncu, peaks_file)
     with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
-        return ingest_and_analyse(exports if len(exports) > 1 else inputs.export, Path(tmp) / "run.sqlite", options,
-                                  inputs.status, inputs.ncu, inputs.calibration, top, notes)
+        return ingest_and_analyse(inputs, Path(tmp) / "run.sqlite", options, top, notes)

@@ -25,6 +25,7 @@ import traceback
 
 from gpudiag.capture import rank_hook
 from gpudiag.capture.window import WindowComplete
+from gpudiag.script_status import ScriptStatus
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -70,12 +71,12 @@ def _run(script: str, args: list[str], module: bool, path: str) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
-def _write_status(path: str, status: dict) -> None:
+def _write_status(path: str, status: ScriptStatus) -> None:
     """Write the status whole or not at all (a temporary file renamed over it): processes that
     share one status path (ranks given the same one) never leave a file mixed from two writes."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(status, f, indent=1)
+        json.dump(status.to_json(), f, indent=1)
     os.replace(tmp, path)
 
 
@@ -92,7 +93,7 @@ def _instrument_children(config_json: str, status_path: str, module: str | None)
     return ranks_dir
 
 
-def _finish_status(status: dict, config, code: int, ranks_dir: str | None, path: str, change=None) -> None:
+def _finish_status(status: ScriptStatus, config, code: int, ranks_dir: str | None, path: str, change=None) -> None:
     """Close the capture and write the status (exit code, steps, trials, ranks) to ``path``.
     ``change``: the trial's change installed in this process (a ``trial_changes.Change``), or None."""
     from gpudiag.capture import frameworks, inductor_provenance, instrument
@@ -100,22 +101,20 @@ def _finish_status(status: dict, config, code: int, ranks_dir: str | None, path:
     try:
         import torch
 
-        status["torch_version"] = torch.__version__
-        status["torch_cuda_version"] = torch.version.cuda
+        status.update(torch_version=torch.__version__, torch_cuda_version=torch.version.cuda)
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # the kernels of the last step finish inside the capture
     except Exception:  # noqa: BLE001 - a broken CUDA context must not hide the status
         pass
     status.update(instrument.finish())
     if config.module_ranges:
-        status["inductor_provenance"] = inductor_provenance.collect()
-    status["frameworks"] = frameworks.summary()  # which framework owns precision, compile, the optimizer
+        status.update(inductor_provenance=inductor_provenance.collect())
+    status.update(frameworks=frameworks.summary())  # which framework owns precision, compile, the optimizer
     if change is not None:
-        status["trial"] = change.summary()
+        status.update(trial=change.summary())
     if ranks_dir:
-        status["ranks"] = rank_hook.collect(ranks_dir) or None
-    status["exit_code"] = code
-    status["ended_unix_s"] = time.time()
+        status.update(ranks=rank_hook.collect(ranks_dir) or None)
+    status.update(exit_code=code, ended_unix_s=time.time())
     _write_status(path, status)
 
 
@@ -135,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     path = module_file(ns.script) if ns.module else ns.script
     with open(path, encoding="utf-8", errors="replace") as f:
         source = f.read()
-    status = {"script": os.path.basename(ns.script), "args": ns.args, "exit_code": None,
-              "exception": None, "traceback": None, "started_unix_s": time.time()}
+    status = ScriptStatus()
+    status.update(script=os.path.basename(ns.script), args=ns.args, exit_code=None, exception=None, traceback=None,
+                  started_unix_s=time.time())
     if os.environ.get("RANK") is not None:  # gpudiag itself started once per rank (torchrun -m gpudiag profile)
         status.update(rank_hook.rank_ids())
     try:
@@ -161,19 +161,17 @@ def main(argv: list[str] | None = None) -> int:
         _run(ns.script, ns.args, ns.module, path)
     except WindowComplete as exc:  # the step window is complete: the script was ended on purpose
         code = 0
-        status["stopped_after_window"] = exc.steps
+        status.update(stopped_after_window=exc.steps)
     except SystemExit as exc:
         code = _exit_code(exc)
     except KeyboardInterrupt:  # Ctrl-C, or gpudiag profile passing one on: the capture stops here
         code = 128 + signal.SIGINT  # what a shell reports for a process ended by SIGINT
-        status["exception"] = "KeyboardInterrupt: interrupted with Ctrl-C (SIGINT)"
-        status["traceback"] = traceback.format_exc()
-        status["interrupted"] = True
+        status.update(exception="KeyboardInterrupt: interrupted with Ctrl-C (SIGINT)",
+                      traceback=traceback.format_exc(), interrupted=True)
         print("KeyboardInterrupt: the script was stopped (Ctrl-C)", file=sys.stderr)  # no traceback: asked for
     except BaseException as exc:  # noqa: BLE001 - the user's crash is data, reported later
         code = 1
-        status["exception"] = f"{type(exc).__name__}: {exc}"
-        status["traceback"] = traceback.format_exc()
+        status.update(exception=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         traceback.print_exc()
     finally:
         if os.getpid() == launcher_pid:  # not in a child the script forked (os.fork) that ended through here

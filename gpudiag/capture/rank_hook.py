@@ -18,6 +18,8 @@ import os
 import sys
 import time
 
+from gpudiag.script_status import ScriptStatus
+
 CHILD_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_site")
 ENV_CONFIG, ENV_STATUS_DIR = "GPUDIAG_CHILD_CONFIG", "GPUDIAG_CHILD_STATUS_DIR"
 
@@ -147,30 +149,30 @@ def install_from_environment() -> None:
     change = None
     if config.trial:  # a trial run under a launcher: the change acts in each rank, where the model is
         change = trial_changes.install(config, state)  # registered by config.change_modules (trial_changes)
-    status = {"pid": os.getpid(), **rank_ids(), "script": os.path.basename(sys.argv[0] if sys.argv else ""),
-              "started_unix_s": time.time(), "exception": None}
+    status = ScriptStatus()
+    status.update(pid=os.getpid(), **rank_ids(), script=os.path.basename(sys.argv[0] if sys.argv else ""),
+                  started_unix_s=time.time(), exception=None)
     previous_hook = sys.excepthook
 
     def excepthook(kind, value, tb):
-        status["exception"] = f"{kind.__name__}: {value}"
+        status.update(exception=f"{kind.__name__}: {value}")
         previous_hook(kind, value, tb)
 
     sys.excepthook = excepthook
 
     def write() -> None:
-        if os.getpid() != status["pid"]:  # a child forked from the rank that exits through atexit: not a rank
+        if os.getpid() != status.pid:  # a child forked from the rank that exits through atexit: not a rank
             return
-        status.update(instrument.finish())
-        status["frameworks"] = frameworks.summary()
+        status.update(instrument.finish(), frameworks=frameworks.summary())
         if change is not None:
-            status["trial"] = change.summary()
-        status["ended_unix_s"] = time.time()
+            status.update(trial=change.summary())
+        status.update(ended_unix_s=time.time())
         if status_dir:
             os.makedirs(status_dir, exist_ok=True)
-            name = f"rank{status['rank']}" if status["rank"] is not None else f"pid{status['pid']}"
+            name = f"rank{status.rank}" if status.rank is not None else f"pid{status.pid}"
             path = os.path.join(status_dir, name + ".json")
             with open(path + ".tmp", "w", encoding="utf-8") as f:  # whole or not at all, as the launcher's
-                json.dump(status, f, indent=1)
+                json.dump(status.to_json(), f, indent=1)
             os.replace(path + ".tmp", path)
 
     atexit.register(write)

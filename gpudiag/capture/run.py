@@ -11,7 +11,6 @@ report to SQLite. Produces, inside the run directory:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import sys
@@ -24,6 +23,7 @@ from gpudiag.capture import ncu as ncu_mod
 from gpudiag.capture import nsys
 from gpudiag.capture.config import CaptureConfig
 from gpudiag.capture.toolrun import Interrupted, run_logged
+from gpudiag.script_status import ScriptStatus, read_status_lenient, write_status
 
 REPORT_BASE = "profile"
 SQLITE_NAME = "profile.sqlite"
@@ -42,13 +42,12 @@ class CaptureResult:
     run_dir: Path
     report: Path
     sqlite: Path
-    status: dict  # launcher status; {} when the launcher never ran (e.g. nsys failed first)
+    status: ScriptStatus  # launcher status; empty (false) when the launcher never ran (e.g. nsys failed first)
     interrupted: Interrupted | None = None  # set when Ctrl-C / SIGTERM stopped the capture early
 
     @property
     def script_exit_code(self) -> int:
-        code = self.status.get("exit_code")
-        return 1 if code is None else int(code)
+        return self.status.exit_code_or_failure
 
 
 def _launcher_args(script: Path | str, script_args: list[str], run_dir: Path, config: CaptureConfig,
@@ -70,18 +69,15 @@ def plain_stage(echo=print):
     return stage
 
 
-def mark_interrupted(run_dir: Path, stage: str, signum: int = signal.SIGINT, finished: bool = False) -> dict:
+def mark_interrupted(run_dir: Path, stage: str, signum: int = signal.SIGINT, finished: bool = False) -> ScriptStatus:
     """Record in the run's ``script_status.json`` (created if the launcher wrote none) that
     ``gpudiag profile`` was interrupted by ``signum`` during ``stage`` (after it, when
     ``finished``); returns the updated status."""
     path = run_dir / STATUS_NAME
-    try:
-        status = json.loads(path.read_text()) if path.exists() else {}
-    except ValueError:  # written half when the launcher itself was killed
-        status = {}
-    status["interrupted"] = {"stage": stage, "stage_finished": finished, "signal": signal.Signals(signum).name,
-                             "unix_s": time.time()}
-    path.write_text(json.dumps(status, indent=1))
+    status = read_status_lenient(path)  # empty when written half: the launcher itself was killed
+    status.update(interrupted={"stage": stage, "stage_finished": finished, "signal": signal.Signals(signum).name,
+                               "unix_s": time.time()})
+    write_status(path, status)
     return status
 
 
@@ -152,7 +148,7 @@ def capture(script: Path, script_args: list[str], run_dir: Path, config: Capture
             interrupted = exc
         except OSError as exc:  # e.g. a script whose interpreter is missing passed as --nsys
             raise CaptureError(f"{nsys_path}: cannot be run ({exc.strerror or exc}); {nsys.INSTALL_HINT}") from None
-    status = json.loads(status_path.read_text()) if status_path.exists() else {}
+    status = read_status_lenient(status_path)
     report = run_dir / (REPORT_BASE + ".nsys-rep")
     if not report.exists():
         if interrupted:
@@ -170,26 +166,22 @@ def capture(script: Path, script_args: list[str], run_dir: Path, config: Capture
 
 
 def run_bare(script: Path | str, script_args: list[str], run_dir: Path, config: CaptureConfig, status_name: str,
-             timeout_s: float | None = None) -> tuple[int, dict]:
+             timeout_s: float | None = None) -> tuple[int, ScriptStatus]:
     """The script once, without nsys, under the launcher with ``config`` made bare (no NVTX, no
     module hooks, no capture range); output to the log only. Returns (exit code, the launcher's
-    status or {} when it wrote none). Used by the bare run and by the trials."""
+    status, empty when it wrote none or half). Used by the bare run and by the trials. Raises
+    :class:`~gpudiag.errors.UserError` naming the file for a whole JSON file that is no status."""
     bare = dataclasses.replace(config, bare=True, capture_range=False)
     cmd = [sys.executable, "-m", "gpudiag.capture.launch", *_launcher_args(script, script_args, run_dir, bare, status_name)]
     code = run_logged(cmd, run_dir / LOG_NAME, _launcher_env(status_name), echo=False, timeout_s=timeout_s)
-    path = run_dir / status_name
-    try:
-        status = json.loads(path.read_text()) if path.exists() else {}
-    except ValueError:  # written half when the run was killed
-        status = {}
-    return code, status
+    return code, read_status_lenient(run_dir / status_name)  # empty when written half: the run was killed
 
 
 def capture_bare(script: Path, script_args: list[str], run_dir: Path, config: CaptureConfig, echo=print,
-                 stage=None) -> dict:
+                 stage=None) -> ScriptStatus:
     """The representativeness run: the script once more, without nsys and without NVTX or module
     hooks, recording only each step's host wall-clock time (see ``CaptureConfig.bare``). Its
-    output goes to the log only. Returns its status (``step_wall_ns`` by step), or {} when it
+    output goes to the log only. Returns its status (``step_wall_ns`` by step), empty when it
     wrote none; a failing bare run is reported, never raised (Ctrl-C raises
     :class:`~gpudiag.capture.toolrun.Interrupted` once the run has stopped)."""
     with (stage or plain_stage(echo))("[bare] timing the same steps without the profiler "

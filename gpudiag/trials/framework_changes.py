@@ -35,6 +35,7 @@ import os
 import sys
 
 from gpudiag.capture import frameworks
+from gpudiag.script_status import ScriptStatus
 
 FRAMEWORK_CHANGES = ("bf16-autocast", "tf32", "fused-optimizer", "compile")
 ROOT_CHANGES = ("bf16-autocast", "compile")  # the changes the root modules would also make
@@ -288,12 +289,13 @@ def rule_how_to(rule_id: str, used: list[str]) -> str | None:
     return _sentence(RULE_SWITCHES.get(rule_id) or {}, used)
 
 
-def name_switches(report: dict, status: dict | None = None) -> dict:
+def name_switches(report: dict, status: ScriptStatus | dict | None = None) -> dict:
     """Put the framework's switch first in each recommendation's ``how_to_fix`` and in
     ``framework_switch``: the rule's (:func:`rule_how_to`), else that of the change its trial
     measured (``trial_change``: a GD-MEASURED win). ``status``: the launcher's (its
     ``frameworks``), else the report's ``script``. Idempotent; returns ``report``."""
-    used = frameworks.used(((status if status is not None else report.get("script")) or {}).get("frameworks"))
+    owned = ScriptStatus.of(status).frameworks if status is not None else (report.get("script") or {}).get("frameworks")
+    used = frameworks.used(owned)
     if not used:
         return report
     for rec in report.get("recommendations") or []:

@@ -33,23 +33,24 @@ TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "fp16": 1e-2, "bf16": 5e-2}
 DATA_STREAM_CHANGES = ("loader-workers",)
 
 
-def job_view(status: dict) -> dict:
+def job_view(status: ScriptStatus | dict) -> ScriptStatus:
     """A launcher status read as one process's. Under a multi-process launcher (``torchrun``) the
     launcher's own process runs no steps; its ranks wrote theirs (``ranks``, gpudiag.capture.
     rank_hook). The job's step k then takes as long as its slowest rank's step k (a synchronous
     data-parallel step ends with a collective every rank waits at); the rest (warm-up, window,
     losses, outputs, the change applied) is the lowest rank's, and an exception is the launcher's
-    or else the first rank's. A single-process status is returned as it is."""
-    ranks = sorted((r for r in status.get("ranks") or [] if isinstance(r, dict)),
-                   key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
-    if not ranks or any(status.get(k) for k in STEP_KEYS):
+    or else the first rank's. A single-process status is returned as it is. Raises
+    :class:`~gpudiag.errors.UserError` for a dict that is no status."""
+    status = ScriptStatus.of(status)
+    ranks = sorted(status.ranks or [], key=lambda r: (r.rank is None, r.rank or 0))
+    if not ranks or any(getattr(status, k) for k in STEP_KEYS):
         return status
-    view = {**status, **{k: v for k, v in ranks[0].items() if k not in ("pid", "exception")}}
-    view["exception"] = status.get("exception") or next((r["exception"] for r in ranks if r.get("exception")), None)
+    view = {**status.to_json(), **{k: v for k, v in ranks[0].to_json().items() if k not in ("pid", "exception")}}
+    view["exception"] = status.exception or next((r.exception for r in ranks if r.exception), None)
     for key in STEP_KEYS:
-        steps = set.intersection(*(set(r.get(key) or {}) for r in ranks))
-        view[key] = {k: max(float(r[key][k] or 0) for r in ranks) for k in sorted(steps, key=int)}
-    return view
+        steps = set.intersection(*(set(getattr(r, key) or {}) for r in ranks))
+        view[key] = {k: max(float(getattr(r, key)[k] or 0) for r in ranks) for k in sorted(steps, key=int)}
+    return ScriptStatus.from_json(view)
 
 
 def tolerance_class(autocast_dtype: str | None, change: str) -> str:
@@ -65,10 +66,10 @@ def tolerance_class(autocast_dtype: str | None, change: str) -> str:
     return path
 
 
-def loss_difference(baseline: dict, trial: dict) -> dict | None:
+def loss_difference(baseline: ScriptStatus | dict, trial: ScriptStatus | dict) -> dict | None:
     """{"step", "baseline", "trial", "relative"} at the first step ≥ 1 both runs recorded a loss
     for (step 0 when that is all they share); None when they share none."""
-    a, b = baseline.get("losses") or {}, trial.get("losses") or {}
+    a, b = ScriptStatus.of(baseline).losses or {}, ScriptStatus.of(trial).losses or {}
     common = sorted((int(k) for k in set(a) & set(b)), key=lambda k: (k < 1, k))
     if not common:
         return None
@@ -78,12 +79,12 @@ def loss_difference(baseline: dict, trial: dict) -> dict | None:
     return {"step": step, "baseline": x, "trial": y, "relative": rel}
 
 
-def output_difference(baseline: dict, trial: dict) -> dict | None:
+def output_difference(baseline: ScriptStatus | dict, trial: ScriptStatus | dict) -> dict | None:
     """For inference runs (no loss): the kept output samples (``outputs``, gpudiag.capture.window)
     at the first step both runs kept: {"step", "max_abs", "relative"} with relative = max |a − b| ÷
     max |a| (scaled by the output's own magnitude: an element near zero does not blow it up);
     None when they share no step or the samples differ in size."""
-    a, b = baseline.get("outputs") or {}, trial.get("outputs") or {}
+    a, b = ScriptStatus.of(baseline).outputs or {}, ScriptStatus.of(trial).outputs or {}
     common = sorted(int(k) for k in set(a) & set(b))
     if not common:
         return None
@@ -100,7 +101,7 @@ def output_difference(baseline: dict, trial: dict) -> dict | None:
     return {"step": step, "max_abs": max_abs, "relative": rel, "compared": "outputs"}
 
 
-def deterministic(bare: dict, profiled: dict) -> bool | None:
+def deterministic(bare: ScriptStatus | dict, profiled: ScriptStatus | dict) -> bool | None:
     """Whether two plain runs of the script (the bare run and the profiled run) computed the same
     loss within fp32's tolerance; None when they share no step. An unseeded script does not: its
     trials cannot be checked for changed results."""
@@ -112,9 +113,9 @@ def _fail(entry: dict, status: str, error: str) -> dict:
     return entry | {"status": status, "error": error}
 
 
-def _runs(value: dict | list[dict]) -> list[dict]:
-    """One status or several (the runs of one side of a trial) as a list."""
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+def _runs(value: ScriptStatus | dict | list) -> list[ScriptStatus]:
+    """One status or several (the runs of one side of a trial) as a list of statuses."""
+    return [ScriptStatus.of(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
 
 
 def step_runs(statuses: list[dict], per_sample: bool) -> tuple[list[list[float]], str | None]:
@@ -148,7 +149,7 @@ def one_time_cost(baselines: list[dict], trial: dict, saving_ns: float | None) -
     base = [w for w in (_warmup_s(b) for b in baselines) if w is not None]
     if own is None or not base:
         return None
-    steps = int(trial.get("warmup_steps") or 0)
+    steps = int(ScriptStatus.of(trial).warmup_steps or 0)
     return own - statistics.median(base) + steps * (saving_ns or 0.0) / 1e9
 
 
@@ -231,9 +232,9 @@ def trial_result(entry: dict, baseline: dict | list[dict], trial: dict | list[di
 
     baselines, trials = _runs(baseline), _runs(trial)
     first = trials[0]
-    applied = first.get("trial") or {}
+    applied = first.trial or {}
     out = _empty(entry, applied, elapsed_s)
-    exception = next((t["exception"] for t in trials if t.get("exception")), None)
+    exception = next((t.exception for t in trials if t.exception), None)
     if timed_out:
         return _fail(out, "over budget", f"stopped after {elapsed_s:.0f} s, past the --try-budget")
     if exception or (code not in (0, None) and not any(step_times(t)[0] for t in trials)):

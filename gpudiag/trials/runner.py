@@ -92,7 +92,7 @@ class Run:
 
     kind: str
     index: int | None
-    status: dict
+    status: ScriptStatus
     code: int | None
     elapsed_s: float
     timed_out: bool = False
@@ -114,7 +114,7 @@ class Skip:
     decision: str | None = None
 
 
-def _bare(*args, **kwargs) -> tuple[int, dict]:
+def _bare(*args, **kwargs) -> tuple[int, ScriptStatus]:
     """:func:`run_bare`, its status read as one process's (a launched job's ranks merged)."""
     code, status = run_bare(*args, **kwargs)
     return code, results.job_view(status)
@@ -173,7 +173,7 @@ class Session:
     echo: object = print
     started: float = dataclasses.field(default_factory=lambda: time.monotonic())
     names: dict = dataclasses.field(default_factory=dict)
-    bare: dict | None = None
+    bare: ScriptStatus | None = None
 
     def left_s(self) -> float:
         return self.budget_s - (time.monotonic() - self.started)
@@ -209,15 +209,16 @@ def counted(runs: list[Run]) -> list[Run]:
     return [r for r in runs if (r.kind == "baseline" or r.counted) and _usable(r)]
 
 
-def settle_counts(settle: dict, bare: dict | None) -> tuple[bool, str]:
+def settle_counts(settle: ScriptStatus | dict, bare: ScriptStatus | dict | None) -> tuple[bool, str]:
     """(whether the settling run counts as a baseline, why in words). It counts when its median
     over the steps both it and the bare run before the capture timed (CUDA events where both have
     them, else host wall-clock time; at least :data:`SETTLE_MIN_STEPS`) is at most
     :data:`SETTLE_TOLERANCE` above the bare run's: the capture did not slow it."""
-    first = int(settle.get("warmup_steps") or 0)
-    ids = {str(k) for k in range(first, first + int(settle.get("window_steps") or TRIAL_WINDOW_STEPS))}
+    settle, bare = ScriptStatus.of(settle), ScriptStatus.of(bare) or ScriptStatus()
+    first = int(settle.warmup_steps or 0)
+    ids = {str(k) for k in range(first, first + int(settle.window_steps or TRIAL_WINDOW_STEPS))}
     for key in STEP_KEYS:
-        mine, theirs = settle.get(key) or {}, (bare or {}).get(key) or {}
+        mine, theirs = getattr(settle, key) or {}, getattr(bare, key) or {}
         common = [k for k in sorted(ids & set(mine) & set(theirs)) if mine[k] and theirs[k]]
         if len(common) >= SETTLE_MIN_STEPS:
             own, before = (statistics.median(float(d[k]) for k in common) for d in (mine, theirs))
@@ -387,7 +388,7 @@ def run_session(script: Path | str, script_args: list[str], run_dir: Path, confi
     and ``decided_early``) and the :func:`budget_account`. Never raises for a failing trial;
     Ctrl-C raises :class:`~gpudiag.capture.toolrun.Interrupted` after the running run stopped."""
     typed = ScriptStatus.of(profiled_status)
-    bare = typed.bare_run.to_json() if typed.bare_run is not None else None  # the trials read run statuses as dicts
+    bare = typed.bare_run
     session = Session(script, script_args, run_dir, config, chosen, budget_s, echo,
                       bare=results.job_view(bare) if bare else None)
     first = trial_config(config, None)
@@ -469,7 +470,7 @@ def _compared_with(count: int, after: bool, early: str | None) -> str:
     return f"the {count} baseline run(s) before it; none after it ({why})"
 
 
-def runs_agree(baselines: list[dict], profiled: dict) -> bool | None:
+def runs_agree(baselines: list[ScriptStatus | dict], profiled: ScriptStatus | dict) -> bool | None:
     """Whether the unchanged script computes the same loss (at inference: output sample) in two
     runs, within fp32's tolerance: two baseline runs compared, else the baseline with the profiled
     run (training only: the profiled run keeps no output sample); None when nothing to compare."""
@@ -480,7 +481,7 @@ def runs_agree(baselines: list[dict], profiled: dict) -> bool | None:
     return results.deterministic(baselines[0], profiled)
 
 
-def baseline_note(baselines: list[Run], runs: list[Run], bare: dict | None) -> str:
+def baseline_note(baselines: list[Run], runs: list[Run], bare: ScriptStatus | None) -> str:
     """One sentence on the unchanged script's runs: the counted baselines' medians (the settling
     run among them when it counted), and the runs not counted (the settling run, the bare run
     before the capture) with their medians."""

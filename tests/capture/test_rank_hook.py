@@ -77,10 +77,11 @@ def test_every_rank_of_a_launched_job_is_instrumented_and_named(tmp_path):
     job = {**status, "bare_run": {"ranks": list(reversed(ranks))}}
     for r in ranks:
         own = status_of_process(job, pd.Series([r["pid"] << 24] * 3))
-        assert own["rank"] == r["rank"] and own["bare_run"]["rank"] == r["rank"]
-        assert own["job_status"]["exit_code"] == 0 and own["step_wall_ns"] == r["step_wall_ns"]
-    assert status_of_process(job, pd.Series([ranks[0]["pid"] << 24, ranks[1]["pid"] << 24])) is job
-    assert status_of_process(job, pd.Series([12345 << 24])) is job  # not a rank: the launcher's own
+        assert own.rank == r["rank"] and own.bare_run.rank == r["rank"]
+        assert own.job_status.exit_code == 0 and own.step_wall_ns == r["step_wall_ns"]
+    # several processes, or one that is no rank (the launcher's own): the job's status, as it is
+    assert status_of_process(job, pd.Series([ranks[0]["pid"] << 24, ranks[1]["pid"] << 24])).to_json() == job
+    assert status_of_process(job, pd.Series([12345 << 24])).to_json() == job
     # each rank's bare median, as the ranks table shows it, from its own steps after the warm-up
     bare = bare_by_rank({"bare_run": status})
     for r in ranks:
@@ -291,7 +292,7 @@ def test_trials_of_a_launched_job_apply_the_change_in_every_rank(tmp_path, monke
     assert all(r["trial"]["applied"] for r in trial["ranks"])
     # the job's step k: the slowest rank's step k (an oracle written here, not job_view's code)
     view = results.job_view(trial)
-    for k, ns in view["step_wall_ns"].items():
+    for k, ns in view.step_wall_ns.items():
         assert ns == max(float(r["step_wall_ns"][k]) for r in trial["ranks"])
     assert record["steps"] == 6 and record["trial_step_ns"] > 0 and record["baseline_step_ns"] > 0
 

@@ -252,7 +252,7 @@ def test_args_trial_is_compared_per_sample(tmp_path):
 
     _, base = run_bare(script, [], tmp_path, config, "base.json")
     _, wide = run_bare(script, ["--batch", "10"], tmp_path, config, "wide.json")
-    assert base["samples_per_step"] == 5 and wide["samples_per_step"] == 10
+    assert base.samples_per_step == 5 and wide.samples_per_step == 10
     record = results.trial_result({"change": "args:--batch 10"}, base, wide, 0, 1.0)
     step_b, _ = results.step_times(base)
     step_w, _ = results.step_times(wide)

@@ -28,6 +28,7 @@ from gpudiag.analysis.ranks.processes import DERIVED_TABLES, os_pid, process_cop
 from gpudiag.cli.main import cli
 from gpudiag.store import DERIVED_TABLES as STORE_DERIVED
 from gpudiag.app.options import AnalysisOptions
+from gpudiag.app.inputs import AnalysisInputs
 from gpudiag.app.report import ingest_and_analyse
 
 from conftest import FIXTURES
@@ -47,7 +48,7 @@ def cluster():
 def pool_report(tmp_path_factory):
     """The job's report made without Dask: the existing process-pool path."""
     folder = tmp_path_factory.mktemp("pool")
-    return ingest_and_analyse(JOB, folder / "run.sqlite", AnalysisOptions(steps_from=None, warmup_steps=None))
+    return ingest_and_analyse(AnalysisInputs(JOB), folder / "run.sqlite", AnalysisOptions(steps_from=None, warmup_steps=None))
 
 
 @pytest.fixture(scope="module")

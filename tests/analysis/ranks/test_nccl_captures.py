@@ -149,7 +149,7 @@ def test_trials_under_the_launcher_on_two_gpus():
         assert [r["rank"] for r in record["ranks"]] == [0, 1]
         assert all(r["trial"]["applied"] for r in record["ranks"])
         view = results.job_view(record)
-        for k, ns in view["step_wall_ns"].items():
+        for k, ns in view.step_wall_ns.items():
             assert ns == max(float(r["step_wall_ns"][k]) for r in record["ranks"])
         assert trials[change]["status"] == "measured" and trials[change]["saving_ns"] < 0
         assert hand[flag] > hand["base"]

@@ -130,8 +130,11 @@ def test_the_profiled_status_keeps_what_the_bare_run_measured_for_requests(tmp_p
 
     proc, bare = launch(tmp_path, GENERATE, CaptureConfig(warmup_steps=2, window_steps=3, bare=True))
     assert proc.returncode == 0, proc.stderr
-    profiled = {"step_mode": "generate", "losses": {}}
-    _keep_bare_run(bare, tmp_path, profiled)
+    from gpudiag.script_status import ScriptStatus, read_status
+
+    profiled = ScriptStatus.from_json({"step_mode": "generate", "losses": {}})
+    _keep_bare_run(ScriptStatus.from_json(bare), tmp_path, profiled)
+    assert read_status(tmp_path / "script_status.json") == profiled  # written as kept in memory
     direct = request_metrics({"step_mode": "generate", "bare_run": bare}, [2, 3, 4])
     kept = request_metrics(profiled, [2, 3, 4])
     assert kept == direct and kept["generation"] is not None and kept["startup_ns"] == bare["startup_ns"] > 0
