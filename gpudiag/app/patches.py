@@ -28,7 +28,9 @@ def hand_back(script, script_args: list[str], run_dir: Path, config, report: dic
     path (a module run with ``-m`` gets none); ``verify_patches``: one of :data:`VERIFY_CHOICES`."""
     from gpudiag.patches import make, verify
 
-    measured = wins(report)
+    from gpudiag.app.ranks import rank0_has
+
+    measured = rank0_has("patch-wins", wins(report))  # under torchrun: every rank verifies rank 0's wins
     if not measured:
         return []
     if not isinstance(script, Path) or not script.is_file():

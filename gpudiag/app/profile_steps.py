@@ -160,7 +160,10 @@ def run_trials(job, status: ScriptStatus, feedback: Feedback) -> None:
                    "step times); --try CHANGE,... runs the ones you name anyway")
         return
     report = json.loads(report_path.read_text())
+    from gpudiag.app.ranks import rank0_has
+
     chosen, left = plan.choose(report, profiled, job.asked_changes)
+    chosen = rank0_has("trials-chosen", chosen)  # under torchrun: every rank runs rank 0's trials, in its order
     for entry in left:
         feedback.echo(f"[try] not tried: {entry['change']} ({entry['reason']})")
     generic = [f"{e['change']} ({e['why']})" for e in chosen

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gpudiag.app.options import AnalysisOptions
+from gpudiag.errors import UserError
 
 # The tables whose last event ends a capture's span (nanoseconds from the session's start).
 SPAN_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS")
@@ -87,3 +88,14 @@ def job_mismatches(exports: list[Path], names: list[Path] | None = None) -> list
 
 def _utc(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def rank0_has(name: str, value):
+    """``value`` as rank 0 of a torchrun job has it (:func:`gpudiag.capture.rank_hook.as_rank0_has`),
+    ``value`` itself elsewhere. Raises UserError (exit 3) when rank 0 stopped answering."""
+    from gpudiag.capture.rank_hook import as_rank0_has
+
+    try:
+        return as_rank0_has(name, value)
+    except TimeoutError as exc:
+        raise UserError(f"{exc}: see rank 0's gpudiag.log", exit_code=3) from None

@@ -128,6 +128,16 @@ def as_rank0_decides(name: str, mine: str, env=None, timeout_s: float = 900.0) -
         raise TimeoutError(f"rank {rank_ids(env)['rank']}: no decision from rank 0 on {name} ({exc})") from None
 
 
+def as_rank0_has(name: str, value, env=None, timeout_s: float = 900.0):
+    """:func:`as_rank0_decides` for a JSON value (the trials a rank chose, the wins it hands back
+    as patches): rank 0's ``value`` in every rank of a torchrun job, ``value`` itself elsewhere.
+    Each rank's report is its own, and two ranks may choose different trials or wins from it; their
+    runs must be the same ones. Raises TimeoutError as :func:`as_rank0_decides`."""
+    text = json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o))  # numpy numbers
+    agreed = as_rank0_decides(name, text, env, timeout_s)
+    return value if agreed == text else json.loads(agreed)
+
+
 def _script_source() -> str:
     try:
         with open(sys.argv[0], encoding="utf-8", errors="replace") as f:

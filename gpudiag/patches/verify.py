@@ -14,7 +14,7 @@ from pathlib import Path
 from gpudiag.capture.run import run_bare
 from gpudiag.patches.make import CHANGES_DIR, Patch
 from gpudiag.trials import results
-from gpudiag.trials.runner import MIN_LEFT_S, runs_agree, trial_config
+from gpudiag.trials.runner import MIN_LEFT_S, rank0_decides, runs_agree, trial_config
 
 ORDER = ("baseline", "patched", "baseline", "patched", "baseline")  # A B A B A: as a lone trial runs
 VERIFIED = "verified"
@@ -93,7 +93,9 @@ def verify(patch: Patch, script: Path | str, script_args: list[str], run_dir: Pa
     codes, longest = [], 0.0
     for n, kind in enumerate(ORDER):
         left = budget_s - (time.monotonic() - started)
-        if left <= max(MIN_LEFT_S, 0.75 * longest):
+        # under torchrun each rank's gpudiag verifies too: every rank stops where rank 0 stops
+        if rank0_decides(f"verify-{patch.change}-{n}", ("budget", {}) if left <= max(MIN_LEFT_S, 0.75 * longest)
+                         else None):
             echo(f"[patch] {patch.change}: the verification budget ran out after {n} runs")
             break
         began = time.monotonic()

@@ -298,21 +298,21 @@ def execute(session: Session, autocast_dtype: str | None = None) -> tuple[list[R
     done: dict[int, str] = {}
     plan = schedule(len(session.chosen))
     for position, (kind, index) in enumerate(plan):
-        skipped = _as_rank0(f"run{position}", skip_reason(session, runs, done, kind, index, plan[position + 1:]))
+        skipped = rank0_decides(f"run{position}", skip_reason(session, runs, done, kind, index, plan[position + 1:]))
         if skipped is not None:
             skips.append(_skip(session, runs, kind, index, position, *skipped))
             continue
         run = session.run(kind, index, position)
         runs.append(run)
         _report_run(session, runs, run, done, autocast_dtype)
-        if _as_rank0(f"stop{position}", (NO_BASELINE, {}) if kind == "baseline" and not counted(runs) else None):
+        if rank0_decides(f"stop{position}", (NO_BASELINE, {}) if kind == "baseline" and not counted(runs) else None):
             # the rest of the plan is not made: the budget account lists it (issue 45's review)
             skips += [Skip(k, i, position + 1 + n, NO_BASELINE) for n, (k, i) in enumerate(plan[position + 1:])]
             break
     return runs, skips
 
 
-def _as_rank0(name: str, skipped: tuple[str, dict] | None) -> tuple[str, dict] | None:
+def rank0_decides(name: str, skipped: tuple[str, dict] | None) -> tuple[str, dict] | None:
     """``skipped`` (:func:`skip_reason`'s answer: None to make the run) as rank 0 decided it when
     this gpudiag is one rank of a torchrun job (:func:`~gpudiag.capture.rank_hook.as_rank0_decides`:
     a rank making a run rank 0 does not make waits for ever); :data:`RANK0` where rank 0 left out a

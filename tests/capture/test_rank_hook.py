@@ -402,4 +402,12 @@ def test_each_rank_takes_rank0s_decision_from_the_agent_store():
     with pytest.raises(TimeoutError, match="rank 1: no decision from rank 0 on run4"):
         rank_hook.as_rank0_decides("run4", "run", {**env, "RANK": "1"}, timeout_s=1)
     assert rank_hook.as_rank0_decides("run3", "mine", {"RANK": "1", "WORLD_SIZE": "2"}) == "mine"
+    # a JSON value: the trials rank 0 chose, whatever this rank chose from its own report
+    import numpy as np
+
+    chosen0 = [{"change": "compile", "predicted_saving_ns": np.int64(5)}, {"change": "tf32"}]
+    assert rank_hook.as_rank0_has("trials-chosen", chosen0, {**env, "RANK": "0"}) is chosen0
+    rank_hook._runs_made.clear()  # as rank 1's own process counts
+    assert rank_hook.as_rank0_has("trials-chosen", [{"change": "tf32"}], {**env, "RANK": "1"}) == [
+        {"change": "compile", "predicted_saving_ns": 5}, {"change": "tf32"}]
     del agent
