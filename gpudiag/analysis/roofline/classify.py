@@ -36,6 +36,7 @@ import pandas as pd
 
 from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, op_cost
 from gpudiag.analysis.attribution.families import COMMUNICATION, CONTRACTION_FAMILIES, families, per_distinct
+from gpudiag.analysis.roofline.kernel_precision import simt_math_path
 from gpudiag.analysis.roofline.peaks import DevicePeaks
 from gpudiag.analysis.roofline.tiles import BASES, BASIS_CONFIDENCE, heuristic_basis
 
@@ -164,7 +165,9 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
         # Every instance takes the detail step's numbers of the same launch (config, ordinal).
         spread = _spread(cost, instance[cost.index.to_numpy()], instance, config_key)
         out[["flop", "bytes"]] = spread[["flop", "bytes"]].to_numpy()
-        out["math_path"] = spread["math_path"].to_numpy()
+        # the kernel that ran, not the op's dtype, says which roof: a bf16 conv run as an sgemm is SIMT
+        out["math_path"] = simt_math_path(kernels["name"].reset_index(drop=True),
+                                          pd.Series(spread["math_path"].to_numpy(), dtype=object)).to_numpy()
 
     # evidence and class as codes into EVIDENCE / CLASSES, turned into text once at the end (_text)
     evidence = np.where(out["math_path"].notna(), 1, 0).astype(np.int8)

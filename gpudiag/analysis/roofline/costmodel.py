@@ -7,7 +7,8 @@ recorded on the detail step (the ``gpudiag:op`` NVTX payload).
   broadcast batch), bmm/baddbmm 2·B·M·N·K (with autograd on, linear and matmul reach the dispatcher
   as these; under ``inference_mode`` as themselves), convolution
   2·N·Cout·Hout·Wout·(Cin/groups)·kh·kw (backward: twice the forward, for the input and weight
-  gradients; transposed convolutions are not modelled), scaled-dot-product attention 4·B·H·L·S·D
+  gradients; transposed convolutions are not modelled), grouped GEMMs (``_grouped_mm``: a mixture
+  of experts) 2·M·N·K summed over the groups (:func:`_grouped_mm_flop`), scaled-dot-product attention 4·B·H·L·S·D
   (backward 2.5x the forward: Dao et al. 2022, "FlashAttention", section 3.1 and appendix B).
 - per-element FLOPs of the other ops that compute (:data:`FLOP_PER_ELEMENT`, of the largest
   operand): LayerNorm / GroupNorm / BatchNorm 5 and RMSNorm 4 with affine parameters (the DeepSpeed
@@ -60,7 +61,10 @@ FLOP_PER_ELEMENT = {
     "aten::log_softmax": 5.0, "aten::nll_loss_forward": 1.0, "aten::nll_loss": 1.0, "aten::cross_entropy_loss": 6.0,
     "aten::_fused_adamw_": 15.0, "aten::_fused_adam_": 15.0,
 }
-CONTRACTION_OPS = MATMUL_OPS | CONV_OPS
+# Grouped GEMMs (a mixture of experts' expert layers: torch._grouped_mm, F.grouped_mm): one op, one
+# GEMM per group, the groups' rows or K given by the offsets (the third input).
+GROUPED_MM_OPS = {"aten::_grouped_mm", "aten::_scaled_grouped_mm"}
+CONTRACTION_OPS = MATMUL_OPS | CONV_OPS | GROUPED_MM_OPS
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,9 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
     elif op == "aten::baddbmm" and len(shapes) >= 3 and len(shapes[1]) == 3:
         (b, m, k), n = shapes[1], shapes[2][-1]
         flop = 2.0 * b * m * n * k
+    elif op in GROUPED_MM_OPS and len(shapes) >= 2 and len(shapes[0]) >= 2 and len(shapes[1]) >= 2:
+        out = outs[0][1] if outs else _grouped_mm_out(shapes)
+        flop = None if out is None else _grouped_mm_flop(shapes[0], shapes[1], out)
     elif op in CONV_OPS and outs:
         if op in ("aten::convolution", "aten::_convolution") and len(payload.get("in", [])) > 6 and payload["in"][6] is True:
             return None  # transposed convolution: not modelled
@@ -189,6 +196,30 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
             flop = per_element * largest * (2.0 if backward else 1.0)
         path = "fp64" if path == "fp64" else "fp32"  # not a contraction: no tensor cores
     return OpCost(flop=flop, bytes=nbytes, math_path=path)
+
+
+def _grouped_mm_flop(a: list[int], b: list[int], out: list[int]) -> float:
+    """FLOPs of a grouped GEMM, 2 per multiply-add: every output element contracts the K of its
+    group, K = ``a``'s last dimension; except where ``a`` (M, K) and ``b`` (K, N) are both 2-D: then
+    the offsets split K among the groups (a weight gradient, output (G, M, N)) and each output
+    element contracts K / G on average. Cases of PyTorch's ``_grouped_mm`` (2-D x 3-D: a mixture of
+    experts' forward, rows routed to experts; 3-D x 3-D: a batch; 3-D x 2-D; 2-D x 2-D)."""
+    groups = out[0] if len(a) == 2 and len(b) == 2 and len(out) == 3 else 1
+    return 2.0 * _numel(out) * a[-1] / max(groups, 1)
+
+
+def _grouped_mm_out(shapes: list[list[int]]) -> list[int] | None:
+    """The output shape of a grouped GEMM whose payload names none (a range pushed before the op
+    ran): (M, N) for 2-D x 3-D, (G, M, N) for 3-D x 3-D, and for 2-D x 2-D with G offsets; None
+    for another form."""
+    a, b = shapes[0], shapes[1]
+    if len(a) == 2 and len(b) == 3:
+        return [a[0], b[-1]]
+    if len(a) == 3 and len(b) == 3:
+        return [a[0], a[1], b[-1]]
+    if len(a) == 2 and len(b) == 2 and len(shapes) >= 3 and len(shapes[2]) == 1:
+        return [shapes[2][0], a[0], b[-1]]
+    return None
 
 
 def _conv_flop(op: str, shapes: list[list[int]], out_shapes: list[list[int]]) -> float | None:

@@ -45,3 +45,21 @@ def math_paths_from_names(names: pd.Series) -> pd.Series:
     """:func:`math_path_from_name` of each name (same index), each distinct name matched once."""
     unique = {n: math_path_from_name(n) for n in names.dropna().unique()}
     return names.map(unique).astype(object)  # a dictionary-encoded name column maps to codes: back to values
+
+
+# Kernels that run on the SIMT (CUDA) cores whatever their data type: cuDNN's fp32-accumulating
+# direct and implicit-GEMM convolutions (``convolve_common_engine_float_NHWC<__nv_bfloat16>``,
+# ``precomputed_convolve_sgemm<__nv_bfloat16>``: a 3-channel stem, an odd-shaped convolution),
+# CUTLASS ``simt``, cuBLAS ``ffma``/``f32f32_f32f32``. Every such kernel Nsight Compute measured in
+# tests/fixtures/roofline48 (H200, 2026-11-28: 24 launches, 6 names) did 0 tensor-core FLOPs.
+SIMT_KERNEL = re.compile(r"sgemm|simt|ffma|f32f32_f32f32|convolve_common_engine_float", re.IGNORECASE)
+
+
+def simt_math_path(names: pd.Series, paths: pd.Series) -> pd.Series:
+    """``paths`` (the math path an op's dtype gives: bf16, fp16, tf32, fp8, fp32; same index as
+    ``names``), with a tensor-core path replaced by fp32 where the kernel's name shows it runs on the
+    SIMT cores (:data:`SIMT_KERNEL`): a bf16 convolution cuDNN runs as an ``sgemm`` is held to the
+    fp32 roof, as Nsight Compute holds it (:func:`gpudiag.sources.ncu.math_path`)."""
+    simt = names.map({n: bool(SIMT_KERNEL.search(str(n))) for n in names.dropna().unique()}).fillna(False)
+    tensor = paths.isin(["bf16", "fp16", "tf32", "fp8"])
+    return paths.where(~(simt.astype(bool) & tensor), "fp32")

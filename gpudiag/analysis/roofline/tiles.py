@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES, per_distinct
+from gpudiag.analysis.roofline.kernel_precision import SIMT_KERNEL
 
 SMALL_TILE_SIDE = 64  # a tile side under this is a small problem side (module docstring)
 
@@ -67,7 +68,7 @@ def gemm_tile(name: str) -> tuple[int, int] | None:
 
 # fp32 SIMT GEMMs: their ridge (H200: ~14 FLOP/byte) is under the bound a small tile gives
 # (2/4 x 64 = 32 FLOP/byte for 4-byte types), so a small tile proves nothing there
-_SIMT = re.compile(r"sgemm|simt|ffma|f32f32_f32f32")
+_SIMT = SIMT_KERNEL
 
 
 def _depthwise(name: str) -> bool:
