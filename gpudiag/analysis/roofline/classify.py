@@ -16,7 +16,14 @@ replace it. Rules, in order:
    on the detail step (:mod:`gpudiag.analysis.roofline.costmodel`), shared among that op call's kernels in
    proportion to their durations, give the arithmetic intensity; at or above the ridge point of
    the op's math path it is compute-bound, below it bandwidth-bound. Other instances of the same
-   kernel name and launch configuration inherit the detail step's numbers.
+   kernel name and launch configuration inherit the detail step's numbers. The math path is the
+   kernel's where its name shows SIMT execution (a bf16 convolution cuDNN runs as an ``sgemm``:
+   fp32). A contraction's output that fits in the L2 (the export's ``l2CacheSize``) is not DRAM
+   traffic of its kernel: the L2 is write-back and the output is still in it when the kernel ends,
+   as Nsight Compute counts it (a 4096x1024x256 bf16 GEMM on the H200: 8.9 MB of DRAM bytes, its
+   inputs, against 11.0 MB with its 2.1 MB output; tests/fixtures/roofline48/decoder). Other ops
+   keep their outputs: their class does not move with it, and the fusion ranking counts the
+   bytes a fused kernel would not write.
 3. otherwise (evidence ``heuristic``): GEMM, convolution and attention kernels are compute-bound,
    everything else bandwidth-bound, except a GEMM whose name states a tile with a side under 64
    and a depthwise convolution, both bandwidth-bound (:mod:`gpudiag.analysis.roofline.tiles`).
@@ -78,11 +85,13 @@ def _config_key(kernels: pd.DataFrame) -> pd.Series:
     return pd.Series(pd.factorize(key)[0].astype(np.int64), index=kernels.index)
 
 
-def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Series) -> pd.DataFrame:
+def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Series,
+                 l2_bytes: float = float("nan")) -> pd.DataFrame:
     """flop, bytes and math_path per kernel instance that an op call with recorded shapes launched.
     An op call's bytes are shared among its kernels by duration; a contraction's FLOPs go to its
     contraction-family kernels only (a split-K reduction or a cast launched by the same call does
-    not do the multiply-adds)."""
+    not do the multiply-adds). A contraction op's output of at most ``l2_bytes`` is left out of its
+    bytes (module docstring; NaN: the L2 size is unknown, every output counts)."""
     # .array: the text columns as they are, not as Python objects (to_numpy)
     k = pd.DataFrame({"duration_ns": kernels["duration_ns"].to_numpy(), "op": attribution["op"].array,
                       "op_args": attribution["op_args"].array, "op_call": attribution["op_call"].to_numpy(),
@@ -93,7 +102,10 @@ def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Se
     calls = k.drop_duplicates("op_call")[["op_call", "op", "op_args"]]
     texts = calls[["op", "op_args"]].drop_duplicates()
     costs = [op_cost(o, a) for o, a in texts.itertuples(index=False)]  # once per distinct call text
-    texts = texts.assign(flop=[c.flop if c else np.nan for c in costs], bytes=[c.bytes if c else np.nan for c in costs],
+    out_bytes = np.array([c.out_bytes if c else 0.0 for c in costs])
+    in_l2 = texts["op"].isin(CONTRACTION_OPS).to_numpy() & (out_bytes <= (l2_bytes if l2_bytes == l2_bytes else -1))
+    texts = texts.assign(flop=[c.flop if c else np.nan for c in costs],
+                         bytes=np.array([c.bytes if c else np.nan for c in costs]) - np.where(in_l2, out_bytes, 0.0),
                          math_path=[c.math_path if c else None for c in costs])
     per_call = calls.merge(texts, on=["op", "op_args"]).dropna(subset=["math_path"]).set_index("op_call")
     share = k["duration_ns"] / k.groupby("op_call")["duration_ns"].transform("sum").replace(0, np.nan)
@@ -159,7 +171,7 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
     dur = kernels["duration_ns"].to_numpy(dtype=float)
     config_key = out["config_key"]
     instance = _instance_index(config_key, attribution["step"])
-    cost = _shape_costs(kernels, attribution, out["family"])
+    cost = _shape_costs(kernels, attribution, out["family"], peaks.l2_bytes)
     out["flop"], out["bytes"], out["math_path"] = np.nan, np.nan, None
     if not cost.empty:
         # Every instance takes the detail step's numbers of the same launch (config, ordinal).

@@ -69,11 +69,14 @@ CONTRACTION_OPS = MATMUL_OPS | CONV_OPS | GROUPED_MM_OPS
 
 @dataclass(frozen=True)
 class OpCost:
-    """FLOPs (``flop``) and minimum DRAM traffic (``bytes``) of one op call, and its math path."""
+    """FLOPs (``flop``) and minimum DRAM traffic (``bytes``) of one op call, and its math path;
+    ``out_bytes``: the part of ``bytes`` its outputs are (the write that an L2 may still hold when
+    the kernel ends: :mod:`gpudiag.analysis.roofline.classify`)."""
 
     flop: float
     bytes: float
     math_path: str  # bf16, fp16, tf32, fp32, fp64, fp8, int8
+    out_bytes: float = 0.0  # of ``bytes``, the outputs written
 
     @property
     def intensity(self) -> float:
@@ -195,7 +198,7 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
             per_element = FLOP_PER_ELEMENT.get(forward, 1.0)  # 1: element-wise ops and reductions
             flop = per_element * largest * (2.0 if backward else 1.0)
         path = "fp64" if path == "fp64" else "fp32"  # not a contraction: no tensor cores
-    return OpCost(flop=flop, bytes=nbytes, math_path=path)
+    return OpCost(flop=flop, bytes=nbytes, math_path=path, out_bytes=_nbytes(outs))
 
 
 def _grouped_mm_flop(a: list[int], b: list[int], out: list[int]) -> float:

@@ -9,6 +9,8 @@ are unknown, so only the bandwidth roof and heuristics classify.
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 from dataclasses import dataclass, field
 
@@ -53,7 +55,8 @@ LAUNCH_OVERHEAD_NS = 5_900
 
 @dataclass
 class DevicePeaks:
-    """Peaks of one GPU: ``bandwidth`` bytes/s, ``flops`` FLOP/s per math path, where they came from."""
+    """Peaks of one GPU: ``bandwidth`` bytes/s, ``flops`` FLOP/s per math path, where they came from;
+    ``l2_bytes``, the L2 cache size in bytes, from the export (NaN when it names none)."""
 
     name: str
     sm_count: int
@@ -61,6 +64,7 @@ class DevicePeaks:
     flops: dict = field(default_factory=dict)
     source: str = ""
     launch_overhead_ns: float = LAUNCH_OVERHEAD_NS
+    l2_bytes: float = float("nan")  # L2 cache size (nsys TARGET_INFO_GPU.l2CacheSize); NaN when unknown
 
     def ridge(self, math_path: str) -> float:
         """Ridge point (FLOP/byte) of ``math_path``; NaN when its peak is unknown."""
@@ -151,4 +155,5 @@ def device_peaks(dev: pd.Series, calibration: dict | None, warnings: list[str]) 
         found = with_calibration(found, calibration)
     elif calibration:
         warnings.append(f"calibration of {calibration.get('gpu')} ignored: the capture ran on {found.name}")
-    return found
+    l2 = dev.get("l2_cache_bytes")  # nsys TARGET_INFO_GPU.l2CacheSize
+    return dataclasses.replace(found, l2_bytes=float(l2)) if pd.notna(l2) and float(l2) > 0 else found

@@ -6,9 +6,11 @@ capture takes under a second to analyse, so a mutant is checked in seconds."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -81,14 +83,34 @@ def test_ncu_measurements_are_the_evidence_where_profiled(name, analysed_with_nc
     assert (k.loc[k["evidence"] == "ncu", "bytes"] > 0).all()
 
 
-def _shape_costs_by_hand(detail: pd.DataFrame) -> dict[int, tuple[float, float, str]]:
+def _l2_bytes(db) -> float:
+    """The L2 size the export names (nsys TARGET_INFO_GPU.l2CacheSize), NaN without one."""
+    devices = pd.read_sql_query("SELECT * FROM devices", db.conn)
+    sizes = devices["l2_cache_bytes"].dropna() if "l2_cache_bytes" in devices else pd.Series(dtype=float)
+    return float(sizes.max()) if len(sizes) else float("nan")
+
+
+def _output_bytes(args: str) -> float:
+    """Bytes of the outputs an op payload names, read here from its text: dtype[shape] entries."""
+    import re
+
+    sizes = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1, "int8": 1}
+    out = json.dumps(json.loads(args).get("out"))
+    return float(sum(sizes.get(d, 4) * int(np.prod([int(x) for x in dims.split(",") if x] or [1]))
+                     for d, dims in re.findall(r"([a-z0-9_]+)\[([0-9,]*)\]", out)))
+
+
+def _shape_costs_by_hand(detail: pd.DataFrame, l2_bytes: float) -> dict[int, tuple[float, float, str]]:
     """kernel_id -> (flop, bytes, math_path) of the detail step's kernels: each op call's cost
-    shared by duration; a contraction's FLOPs go to its GEMM/conv/attention kernels only."""
+    shared by duration; a contraction's FLOPs go to its GEMM/conv/attention kernels only; a
+    contraction's output of at most ``l2_bytes`` is not DRAM traffic (it stays in the L2)."""
     out = {}
     for _, call in detail[detail["op_call"] >= 0].groupby("op_call"):
         cost = op_cost(call["op"].iloc[0], call["op_args"].iloc[0])
         if cost is None or cost.math_path is None:
             continue
+        written = _output_bytes(call["op_args"].iloc[0]) if call["op"].iloc[0] in CONTRACTION_OPS else np.inf
+        nbytes = cost.bytes - (written if written <= l2_bytes else 0.0)
         total = call["duration_ns"].sum()
         contraction = call["family"].isin(CONTRACTION_FAMILIES)
         contraction_ns = call.loc[contraction, "duration_ns"].sum()
@@ -98,7 +120,7 @@ def _shape_costs_by_hand(detail: pd.DataFrame) -> dict[int, tuple[float, float, 
                 flop_share = row.duration_ns / contraction_ns if is_contraction else 0.0
             else:
                 flop_share = share if total else 0.0
-            out[row.kernel_id] = (cost.flop * flop_share, cost.bytes * share, cost.math_path)
+            out[row.kernel_id] = (cost.flop * flop_share, nbytes * share, cost.math_path)
     return out
 
 
@@ -108,7 +130,7 @@ def test_detail_step_flops_and_bytes_are_the_op_calls_shared_by_duration(name, a
     k = _kernels(db)
     detail_step = db.conn.execute("SELECT step FROM steps WHERE detail").fetchone()
     detail = k[k["step"] == detail_step[0]] if detail_step else k
-    by_hand = _shape_costs_by_hand(detail)
+    by_hand = _shape_costs_by_hand(detail, _l2_bytes(db))
     assert by_hand, "the capture has op shapes"
     rows = k.set_index("kernel_id")
     for kernel_id, (flop, nbytes, path) in by_hand.items():
@@ -497,7 +519,7 @@ def test_a_contraction_whose_kernels_have_unrecognized_names_shares_its_flops_by
     frame = attribution[["kernel_id", "op_call", "op", "op_args"]].assign(
         duration_ns=kernels["duration_ns"], family=out["family"])
     detail = db.conn.execute("SELECT step FROM steps WHERE detail").fetchone()[0]
-    by_hand = _shape_costs_by_hand(frame[attribution["step"] == detail])
+    by_hand = _shape_costs_by_hand(frame[attribution["step"] == detail], device.l2_bytes)
     rows = out.set_index("kernel_id")
     checked = 0
     for kernel_id in kernels.loc[in_calls & (attribution["step"] == detail), "kernel_id"]:
@@ -513,7 +535,7 @@ def test_ncu_rows_without_roofline_counters_are_left_out(analysed, analysed_with
     """An Nsight Compute report without the roofline counters (FLOPs not collected) measures
     nothing: every kernel keeps the classification the op shapes give (the analysis of the same
     export without the report), and none has evidence ``ncu``."""
-    import numpy as np
+    import dataclasses
 
     from gpudiag import store
     from gpudiag.analysis.roofline import peaks
@@ -523,7 +545,8 @@ def test_ncu_rows_without_roofline_counters_are_left_out(analysed, analysed_with
     assert len(ncu)
     db, report = analysed("mlp_decode")
     kernels, attribution, without_ncu = _classify_inputs(db)
-    device = peaks.lookup(report["device"]["name"], report["device"]["sm_count"])
+    device = dataclasses.replace(peaks.lookup(report["device"]["name"], report["device"]["sm_count"]),
+                                 l2_bytes=_l2_bytes(db))  # as the analysis reads it from the export
     out = classify(kernels, attribution, device, ncu.assign(flop=np.nan))
     assert "ncu" not in set(out["evidence"]) and (out["evidence"] == "shapes").any()
     assert list(out["kernel_class"]) == list(without_ncu["kernel_class"])

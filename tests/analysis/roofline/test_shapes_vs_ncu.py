@@ -40,16 +40,13 @@ def _accuracy(tmp_path: Path, name: str, shapes: bool) -> dict:
 @pytest.mark.parametrize("name", NAMES)
 def test_shapes_agree_with_ncu_at_least_as_well_as_the_names(tmp_path, name):
     """Time-weighted class agreement with ncu: with shapes at least 97 % on every fixture and not below
-    the agreement without shapes. One known exception, the decoder (100 % without shapes, 98.8 % with):
-    a 4096x1024x256 bf16 GEMM (``nvjet_…_128x64_…_TNT``) whose exact FLOPs give 195 FLOP/byte over the
-    minimum traffic, under the 206 ridge; ncu counts 2.1 MB fewer DRAM bytes (its 2 MB output stays in
-    the 50 MB L2 when the kernel ends) and 240 FLOP/byte. The GEMMs' estimated FLOPs match ncu's to 30 %
-    (median; the FLOPs of a call with several kernels are shared by duration)."""
+    the agreement without shapes. The GEMMs' estimated FLOPs match ncu's to 30 % (median; the FLOPs of
+    a call with several kernels are shared by duration)."""
     with_shapes = _accuracy(tmp_path, name, True)
     without = _accuracy(tmp_path, name, False)
     got, before = with_shapes["agreement_time_weighted_percent"], without["agreement_time_weighted_percent"]
     assert got >= 97.0, with_shapes["disagreements"]
-    assert got >= before - (1.5 if name == "decoder" else 0.05), (got, before, with_shapes["disagreements"])
+    assert got >= before - 0.05, (got, before, with_shapes["disagreements"])
     assert with_shapes["contraction_flop_error_median_percent"] <= 30.0, with_shapes
 
 
@@ -112,3 +109,20 @@ def test_a_bf16_convolution_run_as_an_sgemm_is_held_to_the_fp32_roof():
     names = pd.Series(list(simt["name"]) + ["nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT"])
     paths = simt_math_path(names, pd.Series(["bf16"] * len(names)))
     assert list(paths) == ["fp32"] * len(simt) + ["bf16"]
+
+
+def test_a_gemm_output_that_fits_in_l2_is_not_dram_traffic(tmp_path):
+    """The decoder's 4096x1024x256 bf16 GEMM (``aten::mm``, ``nvjet_…_128x64_64x8_1x2_h_bz_TNT``): its
+    inputs are 2 x (4096 x 1024 + 1024 x 256) bytes, its output 2 x 4096 x 256 (2.1 MB, under the H200's
+    60 MB L2 the export names). ncu (the oracle) counts its inputs only; the shapes now do too, so its
+    intensity (240 FLOP/byte) is over the bf16 ridge, as ncu found, not under it (195 with the output)."""
+    (tmp_path / "unpacked").mkdir()
+    est = roofline_accuracy.classes(roofline_accuracy._unpacked(FIXTURES / "decoder" / "shapes", tmp_path / "unpacked"),
+                                    False, tmp_path)
+    gemm = est[est["name"].str.contains("nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT") & est["evidence"].eq("shapes")]
+    inputs = 2.0 * (4096 * 1024 + 1024 * 256)
+    assert len(gemm) > 0 and (gemm["bytes"] == inputs).all() and (gemm["flop"] == 2.0 * 4096 * 1024 * 256).all()
+    truth = pd.read_csv(FIXTURES / "decoder" / "ncu_truth.csv.xz")
+    measured = truth.loc[truth["name"].str.contains("nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT"), "dram_bytes"]
+    assert measured.median() == pytest.approx(inputs, rel=0.01)
+    assert (gemm["kernel_class"].isin(["compute", "overhead"])).all()
