@@ -16,9 +16,9 @@ replace it. Rules, in order:
    on the detail step (:mod:`gpudiag.analysis.roofline.costmodel`), shared among that op call's kernels in
    proportion to their durations, give the arithmetic intensity; at or above the ridge point of
    the op's math path it is compute-bound, below it bandwidth-bound. Other instances of the same
-   kernel name and launch configuration inherit the detail step's numbers. The math path is the
-   kernel's where its name shows SIMT execution (a bf16 convolution cuDNN runs as an ``sgemm``:
-   fp32). A contraction's output that fits in the L2 (the export's ``l2CacheSize``) is not DRAM
+   kernel name and launch configuration inherit the detail step's numbers. The roof is fp32's
+   where the kernel's name shows SIMT execution (a bf16 convolution cuDNN runs as an ``sgemm``),
+   whatever the op's precision (``math_path``, which the precision rules read). A contraction's output that fits in the L2 (the export's ``l2CacheSize``) is not DRAM
    traffic of its kernel: the L2 is write-back and the output is still in it when the kernel ends,
    as Nsight Compute counts it (a 4096x1024x256 bf16 GEMM on the H200: 8.9 MB of DRAM bytes, its
    inputs, against 11.0 MB with its 2.1 MB output; tests/fixtures/roofline48/decoder). Other ops
@@ -103,7 +103,7 @@ def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Se
     texts = calls[["op", "op_args"]].drop_duplicates()
     costs = [op_cost(o, a) for o, a in texts.itertuples(index=False)]  # once per distinct call text
     out_bytes = np.array([c.out_bytes if c else 0.0 for c in costs])
-    in_l2 = texts["op"].isin(CONTRACTION_OPS).to_numpy() & (out_bytes <= (l2_bytes if l2_bytes == l2_bytes else -1))
+    in_l2 = texts["op"].isin(CONTRACTION_OPS).to_numpy() & np.isfinite(l2_bytes) & (out_bytes <= l2_bytes)
     texts = texts.assign(flop=[c.flop if c else np.nan for c in costs],
                          bytes=np.array([c.bytes if c else np.nan for c in costs]) - np.where(in_l2, out_bytes, 0.0),
                          math_path=[c.math_path if c else None for c in costs])
@@ -163,7 +163,8 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
              ncu: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per kernel (same order): kernel_id, family, config_key, kernel_class
     (compute/bandwidth/overhead/communication), evidence (ncu/shapes/heuristic), flop, bytes, math_path,
-    intensity (FLOP/byte), ridge (FLOP/byte), achieved_flop_per_s, achieved_bytes_per_s,
+    intensity (FLOP/byte), ridge (FLOP/byte, of the roof the kernel ran on: fp32 for a SIMT-named
+    kernel whatever its op's precision), achieved_flop_per_s, achieved_bytes_per_s,
     efficiency (roofline floor / duration; NaN without shapes), tile_side (elements; NaN without a
     tile in the name), basis and confidence (0-1; heuristic rows only, else "" and NaN)."""
     out = pd.DataFrame({"kernel_id": kernels["kernel_id"].to_numpy(), "family": families(kernels["name"]).array,
@@ -177,9 +178,7 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
         # Every instance takes the detail step's numbers of the same launch (config, ordinal).
         spread = _spread(cost, instance[cost.index.to_numpy()], instance, config_key)
         out[["flop", "bytes"]] = spread[["flop", "bytes"]].to_numpy()
-        # the kernel that ran, not the op's dtype, says which roof: a bf16 conv run as an sgemm is SIMT
-        out["math_path"] = simt_math_path(kernels["name"].reset_index(drop=True),
-                                          pd.Series(spread["math_path"].to_numpy(), dtype=object)).to_numpy()
+        out["math_path"] = spread["math_path"].to_numpy()
 
     # evidence and class as codes into EVIDENCE / CLASSES, turned into text once at the end (_text)
     evidence = np.where(out["math_path"].notna(), 1, 0).astype(np.int8)
@@ -203,10 +202,13 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
                 evidence[hit] = 2
     has_shapes = out["math_path"].notna().to_numpy()
     out["intensity"] = out["flop"] / out["bytes"].replace(0, np.nan)
-    out["ridge"] = per_distinct(out["math_path"], peaks.ridge, np.nan, float)
+    # The roof is the one the kernel ran on: a bf16 conv cuDNN runs as an sgemm is held to fp32's
+    # (math_path stays the op's precision: the precision rules read it).
+    roof = simt_math_path(kernels["name"].reset_index(drop=True), out["math_path"].astype(object))
+    out["ridge"] = per_distinct(roof, peaks.ridge, np.nan, float)
     out["achieved_flop_per_s"] = out["flop"] / (dur * 1e-9)
     out["achieved_bytes_per_s"] = out["bytes"] / (dur * 1e-9)
-    peak_flops = per_distinct(out["math_path"], lambda p: peaks.flops.get(p, np.nan), np.nan, float)
+    peak_flops = per_distinct(roof, lambda p: peaks.flops.get(p, np.nan), np.nan, float)
     floor_s = np.fmax(out["flop"] / peak_flops, out["bytes"] / (peaks.bandwidth or np.nan))
     out["efficiency"] = floor_s / (dur * 1e-9)
 

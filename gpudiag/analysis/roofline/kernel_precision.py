@@ -23,6 +23,8 @@ import re
 
 import pandas as pd
 
+from gpudiag.analysis.attribution.families import per_distinct
+
 NAME_MATH_PATHS: tuple[tuple[str, str], ...] = (
     (r"e4m3|e5m2|fp8", "fp8"),
     (r"tf32", "tf32"),
@@ -60,6 +62,5 @@ def simt_math_path(names: pd.Series, paths: pd.Series) -> pd.Series:
     ``names``), with a tensor-core path replaced by fp32 where the kernel's name shows it runs on the
     SIMT cores (:data:`SIMT_KERNEL`): a bf16 convolution cuDNN runs as an ``sgemm`` is held to the
     fp32 roof, as Nsight Compute holds it (:func:`gpudiag.sources.ncu.math_path`)."""
-    simt = names.map({n: bool(SIMT_KERNEL.search(str(n))) for n in names.dropna().unique()}).fillna(False)
-    tensor = paths.isin(["bf16", "fp16", "tf32", "fp8"])
-    return paths.where(~(simt.astype(bool) & tensor), "fp32")
+    simt = per_distinct(names, lambda n: bool(SIMT_KERNEL.search(str(n))), False, bool)
+    return paths.where(~(simt & paths.isin(["bf16", "fp16", "tf32", "fp8"]).to_numpy()), "fp32")

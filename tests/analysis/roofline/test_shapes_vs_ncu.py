@@ -102,7 +102,8 @@ def test_a_two_d_grouped_gemm_splits_k_among_its_groups():
 def test_a_bf16_convolution_run_as_an_sgemm_is_held_to_the_fp32_roof():
     """The kernel decides the roof, not the op's dtype: the stem convolution of EfficientNet-B0 and
     Swin-V2's patch embedding are bf16 ops cuDNN runs on the SIMT cores; ncu measured 0 tensor-core
-    FLOPs for both (the oracle) and gpudiag's shapes now name the fp32 path for them."""
+    FLOPs for both (the oracle); gpudiag now holds them to the fp32 roof (their ``ridge``) while
+    ``math_path`` stays bf16, the op's precision the precision rules read."""
     truth = pd.concat([pd.read_csv(FIXTURES / n / "ncu_truth.csv.xz") for n in ("conv", "swinv2")])
     simt = truth[truth["name"].str.contains("convolve_common_engine_float|precomputed_convolve_sgemm")]
     assert len(simt) >= 2 and (simt["flop_tensor"] == 0).all() and (simt["flop_fp32"] > 0).all()
