@@ -27,7 +27,7 @@ def _plain(src: Path, tmp: Path) -> Path:
     xz = src.with_name(src.name + ".xz")
     if src.exists():
         return src
-    out = tmp / src.name
+    out = tmp / f"plain-{src.name}"  # not the name collect() copies the export to
     with lzma.open(xz) as f, open(out, "wb") as g:
         shutil.copyfileobj(f, g)
     return out

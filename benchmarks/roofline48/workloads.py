@@ -7,7 +7,10 @@ Names: conv (torchvision EfficientNet-B0 training, bf16 autocast, channels-last)
 (torchvision Swin-V2-T training, bf16 autocast: windowed attention), encoder (transformers
 DeBERTa-v2 training, bf16), decoder (transformers Llama training step, bf16), decode (transformers
 Llama greedy generate, bf16, dynamic cache), moe (transformers Mixtral training step, bf16: top-2 of 8
-experts), grouped (torch._grouped_mm over 8 experts, forward and backward, bf16). All models are
+experts), grouped (torch._grouped_mm over 8 experts, forward and backward, bf16), decoder_eager (the
+decoder with eager attention: explicit matmul + softmax, no biases), triton_gemm (an MLP of Linear
+layers compiled with max-autotune and Triton as its only GEMM backend, bf16: Triton template GEMMs,
+large-K and small-K, with fused epilogues). All models are
 built from configs (no download) with fixed seeds and random inputs. None of them was used to tune
 gpudiag's roofline heuristics (those were Swin-T, GPT-2, an MLP decode loop and BERT).
 
@@ -70,16 +73,43 @@ def encoder():
     return _hf_train(m, torch.randint(0, 32000, (16, 256), device="cuda"))
 
 
-def _llama(layers=6, hidden=1024):
+def _llama(layers=6, hidden=1024, attention="sdpa"):
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
                       num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
-                      max_position_embeddings=2048, attn_implementation="sdpa")
+                      max_position_embeddings=2048, attn_implementation=attention)
     return LlamaForCausalLM(cfg).cuda()
 
 
 def decoder():
     return _hf_train(_llama(), torch.randint(0, 32000, (8, 512), device="cuda"))
+
+
+def decoder_eager():
+    return _hf_train(_llama(attention="eager"), torch.randint(0, 32000, (8, 512), device="cuda"))
+
+
+def triton_gemm():
+    import torch._inductor.config as inductor
+    from torch import nn
+
+    inductor.max_autotune_gemm_backends = "TRITON"  # every GEMM a Triton template kernel
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = nn.Linear(1024, 4096), nn.Linear(4096, 1024)
+            self.narrow, self.widen = nn.Linear(1024, 64), nn.Linear(64, 1024)  # small-K / small-N GEMMs
+
+        def forward(self, x):
+            x = x + self.down(nn.functional.gelu(self.up(x)))
+            return x + self.widen(torch.relu(self.narrow(x)))
+
+    m = nn.Sequential(Block(), Block()).cuda()
+    compiled = torch.compile(m, mode="max-autotune-no-cudagraphs")
+    x = torch.randn(8192, 1024, device="cuda")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    return lambda: _train_step(compiled, x, opt, lambda mm, b: mm(b).float().pow(2).mean())
 
 
 def decode():
@@ -114,7 +144,8 @@ def grouped():
     return step
 
 
-WORKLOADS = {f.__name__: f for f in (conv, swinv2, encoder, decoder, decode, moe, grouped)}
+WORKLOADS = {f.__name__: f for f in (conv, swinv2, encoder, decoder, decode, moe, grouped, decoder_eager,
+                                     triton_gemm)}
 
 
 def main() -> None:

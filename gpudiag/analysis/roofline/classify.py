@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gpudiag.analysis.roofline.attention_products import attention_products
 from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, op_cost
 from gpudiag.analysis.attribution.families import COMMUNICATION, CONTRACTION_FAMILIES, families, per_distinct
 from gpudiag.analysis.roofline.kernel_precision import simt_math_path
@@ -216,7 +217,8 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
     launch = peaks.launch_overhead_ns
     overhead = ((dur < launch) & (blocks < max(peaks.sm_count, 1))) | (dur < launch / 2)
     by_roofline = np.where(out["intensity"].to_numpy() >= out["ridge"].to_numpy(), 1, 2)
-    heuristic = heuristic_basis(kernels["name"], out["family"])
+    heuristic = heuristic_basis(kernels["name"], out["family"],
+                                attention_products(kernels, out["family"], config_key))
     by_name = np.where(heuristic["bandwidth"].to_numpy(), 2, 1)
     roofline_known = has_shapes & np.isfinite(out["ridge"].to_numpy()) & np.isfinite(out["intensity"].to_numpy())
     out["kernel_class"] = _text(CLASSES, np.where(overhead, 0, np.where(roofline_known, by_roofline, by_name)))

@@ -46,7 +46,7 @@ _TILE_PATTERNS = (
 )
 
 # heuristic bases, by code: what the class of a kernel without shapes or ncu rests on
-BASES = ["family", "small tile", "large tile", "no tile", "depthwise"]
+BASES = ["family", "small tile", "large tile", "no tile", "depthwise", "attention product"]
 
 # Depthwise convolutions (one input and one output channel per group): PyTorch's
 # conv_depthwise2d/3d kernels, cuDNN's runtime-compiled ``conv2d_c1_k1_*`` (C=1, K=1 per group; on
@@ -80,22 +80,26 @@ def _tile_side(name: str) -> float:
     return float(min(tile)) if tile else np.nan
 
 
-def heuristic_basis(names: pd.Series, family: pd.Series) -> pd.DataFrame:
+def heuristic_basis(names: pd.Series, family: pd.Series, attention_product: np.ndarray | None = None) -> pd.DataFrame:
     """Per kernel (aligned with ``names``): ``tile_side`` (the smaller side of the tile its name
     states, elements; NaN without one or for an fp32 SIMT GEMM), ``basis`` (a code into :data:`BASES`: ``family`` for a
-    kernel outside the contraction families, ``depthwise``, ``small tile``, ``large tile`` or
-    ``no tile`` for a contraction) and ``bandwidth`` (True where the basis says bandwidth-bound:
-    non-contractions, depthwise convolutions and small tiles)."""
+    kernel outside the contraction families, ``depthwise``, ``small tile``, ``attention product``
+    (``attention_product``: :func:`gpudiag.analysis.roofline.attention_products.attention_products`),
+    ``large tile`` or ``no tile`` for a contraction) and ``bandwidth`` (True where the basis says
+    bandwidth-bound: non-contractions, depthwise convolutions, small tiles and attention products)."""
     contraction = family.isin(CONTRACTION_FAMILIES).to_numpy()
     side = np.where(contraction, per_distinct(names, _tile_side, np.nan, float), np.nan)
     small = side < SMALL_TILE_SIDE
     depthwise = contraction & per_distinct(names, _depthwise, False, bool)
-    basis = np.where(~contraction, 0, np.where(depthwise, 4, np.where(np.isnan(side), 3, np.where(small, 1, 2))))
-    return pd.DataFrame({"tile_side": side, "basis": basis.astype(np.int8), "bandwidth": ~contraction | small | depthwise},
-                        index=names.index)
+    product = contraction & ~small & (attention_product if attention_product is not None else False)
+    basis = np.where(~contraction, 0, np.where(depthwise, 4, np.where(small, 1, np.where(
+        product, 5, np.where(np.isnan(side), 3, 2)))))
+    return pd.DataFrame({"tile_side": side, "basis": basis.astype(np.int8),
+                         "bandwidth": ~contraction | small | depthwise | product}, index=names.index)
 
 # Per basis (BASES order): the share of kernel time on which a class resting on it agreed with
-# Nsight Compute over the committed ncu fixtures (benchmarks/roofline_accuracy.py --by-basis;
-# docs/roofline_gemm.md, H200, 2026-11-28). A prior, not a probability for one kernel.
-# family 176 ms, small tile 1.1 ms, large tile 25.8 ms, no tile 27.1 ms, depthwise 1.9 ms
-BASIS_CONFIDENCE = [0.993, 1.0, 0.607, 0.984, 1.0]
+# Nsight Compute over the committed ncu fixtures of issue 48 (eight workloads; benchmarks/roofline_accuracy.py
+# --by-basis; docs/roofline_gemm.md, H200, 2026-11-29). A prior, not a probability for one kernel.
+# family 230.9 ms, small tile 1.1 ms, large tile 25.7 ms, no tile 31.3 ms, depthwise 1.9 ms,
+# attention product 10.9 ms
+BASIS_CONFIDENCE = [0.995, 1.0, 0.851, 0.965, 1.0, 1.0]

@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import roofline_accuracy  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "roofline48"
-NAMES = ("conv", "swinv2", "encoder", "decoder", "decode", "moe")
+NAMES = ("conv", "swinv2", "encoder", "decoder", "decode", "moe", "decoder_eager", "triton_gemm")
+COMPILED = {"triton_gemm"}  # its GEMMs run in an Inductor graph, outside any aten op range: no shapes
 
 
 def _accuracy(tmp_path: Path, name: str, shapes: bool) -> dict:
@@ -47,7 +48,20 @@ def test_shapes_agree_with_ncu_at_least_as_well_as_the_names(tmp_path, name):
     got, before = with_shapes["agreement_time_weighted_percent"], without["agreement_time_weighted_percent"]
     assert got >= 97.0, with_shapes["disagreements"]
     assert got >= before - 0.05, (got, before, with_shapes["disagreements"])
-    assert with_shapes["contraction_flop_error_median_percent"] <= 30.0, with_shapes
+    if name not in COMPILED:
+        assert with_shapes["contraction_flop_error_median_percent"] <= 30.0, with_shapes
+
+
+@pytest.mark.parametrize("name", [n if n not in COMPILED else pytest.param(n, marks=pytest.mark.xfail(
+    strict=True, reason="Triton GEMMs of small K or N: no signal of K in a template's name or grid (issue 48)"))
+    for n in NAMES])
+def test_without_shapes_the_class_agrees_with_ncu_for_95_percent_of_kernel_time(tmp_path, name):
+    """Issue 48's bar on the exports made without gpudiag: time-weighted agreement with ncu of at
+    least 95 %. Missed on the Triton workload (94.3 %): its small-K/N template GEMMs
+    (``triton_tem_fused__to_copy_add_addmm_t_14``, 10.6 FLOP/byte by ncu) are classed compute-bound
+    by family, as its large ones (954 FLOP/byte) rightly are."""
+    without = _accuracy(tmp_path, name, False)
+    assert without["agreement_time_weighted_percent"] >= 95.0, without["disagreements"]
 
 
 def _payloads(name: str, op: str) -> list[str]:
