@@ -75,13 +75,20 @@ def _unpacked(run_dir: Path, tmp: Path) -> Path:
     return target
 
 
-def accuracy(run_dir: Path) -> dict:
+def compared(run_dir: Path) -> tuple[pd.DataFrame, float]:
+    """Per kernel instance ncu measured (its configuration and ordinal): gpudiag's estimate
+    (``*_est``: class, evidence, flop, bytes, family, basis) beside ncu's (``*_ncu``), and the run's
+    total kernel time (ns) over the measured steps."""
     with tempfile.TemporaryDirectory() as tmp:
         source = _unpacked(run_dir, Path(tmp))
         est = classes(source, False, Path(tmp))
         meas = classes(source, True, Path(tmp))
     both = est.merge(meas, on="kernel_id", suffixes=("_est", "_ncu"))
-    both = both[both["evidence_ncu"] == "ncu"]
+    return both[both["evidence_ncu"] == "ncu"], float(est["duration_ns"].sum())
+
+
+def accuracy(run_dir: Path) -> dict:
+    both, total = compared(run_dir)
     # Overhead-bound kernels are classed by duration before any FLOP or byte is looked at: they would
     # agree by construction, so the agreement is over the roofline classes only.
     overhead = both["kernel_class_est"].eq("overhead") & both["kernel_class_ncu"].eq("overhead")
@@ -93,7 +100,6 @@ def accuracy(run_dir: Path) -> dict:
     bytes_med, bytes_tw = _relative_error(both["bytes_est"], both["bytes_ncu"], w)
     gemm = both["family_est"].isin(["gemm", "conv", "attention"])
     gemm_flop_med, _ = _relative_error(both.loc[gemm, "flop_est"], both.loc[gemm, "flop_ncu"], w[gemm])
-    total = est["duration_ns"].sum()
     by_basis = {b: (float(w[agree & (both["basis_est"] == b)].sum()), float(w[both["basis_est"] == b].sum()))
                 for b in both["basis_est"].unique() if b}
     by_family = {f: (float(w[agree & (both["family_est"] == f)].sum()), float(w[both["family_est"] == f].sum()))

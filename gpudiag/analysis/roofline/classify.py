@@ -18,18 +18,25 @@ replace it. Rules, in order:
    the op's math path it is compute-bound, below it bandwidth-bound. Other instances of the same
    kernel name and launch configuration inherit the detail step's numbers. The roof is fp32's
    where the kernel's name shows SIMT execution (a bf16 convolution cuDNN runs as an ``sgemm``),
-   whatever the op's precision (``math_path``, which the precision rules read). A contraction's output that fits in the L2 (the export's ``l2CacheSize``) is not DRAM
-   traffic of its kernel: the L2 is write-back and the output is still in it when the kernel ends,
-   as Nsight Compute counts it (a 4096x1024x256 bf16 GEMM on the H200: 8.9 MB of DRAM bytes, its
-   inputs, against 11.0 MB with its 2.1 MB output; tests/fixtures/roofline48/decoder). Other ops
-   keep their outputs: their class does not move with it, and the fusion ranking counts the
-   bytes a fused kernel would not write.
+   whatever the op's precision (``math_path``, which the precision rules read). The output of a
+   contraction whose inputs and output together fit in the L2 (the export's ``l2CacheSize``) is
+   not DRAM traffic of its kernel: the L2 is write-back and the output is still in it when the
+   kernel ends, as Nsight Compute counts it (a 4096x1024x256 bf16 GEMM on the H200: 8.9 MB of DRAM
+   bytes, its inputs, against 11.0 MB with its 2.1 MB output; tests/fixtures/roofline48/decoder);
+   an output that does not fit beside its inputs is written back (EfficientNet's 1x1 convolution
+   of 9.6 MB in, 57.8 MB out in a 60 MB L2: ncu counted it; tests/fixtures/roofline48/conv). Other
+   ops keep their outputs: their class does not move with it, and the fusion ranking counts the
+   bytes a fused kernel would not write. A GEMM kernel computes K rounded up to the K step its
+   name states (:func:`gpudiag.analysis.roofline.tiles.gemm_k_step`), and is given those FLOPs, as
+   Nsight Compute counts them.
 3. otherwise (evidence ``heuristic``): GEMM, convolution and attention kernels are compute-bound,
-   everything else bandwidth-bound, except a GEMM whose name states a tile with a side under 64
-   and a depthwise convolution, both bandwidth-bound (:mod:`gpudiag.analysis.roofline.tiles`).
-   Such rows say what the class rests on (``basis``: family, small tile, large tile, no tile,
-   depthwise; ``tile_side``) and how often that basis agreed with Nsight Compute on the committed
-   fixtures (``confidence``).
+   everything else bandwidth-bound, except a GEMM whose name states a tile with a side under 64,
+   a depthwise convolution and a product of eager attention found next to its softmax, all
+   bandwidth-bound (:mod:`gpudiag.analysis.roofline.tiles`,
+   :mod:`gpudiag.analysis.roofline.attention_products`). Such rows say what the class rests on
+   (``basis``: family, small tile, large tile, no tile, depthwise, attention product;
+   ``tile_side``) and how often that basis agreed with Nsight Compute on the committed fixtures
+   (``confidence``).
 
 Collective-library kernels (family ``communication``, :mod:`gpudiag.analysis.attribution.families`) are class
 ``communication`` whatever their duration or shapes: they are outside the roofline (their time is
@@ -46,7 +53,7 @@ from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, op_cost
 from gpudiag.analysis.attribution.families import COMMUNICATION, CONTRACTION_FAMILIES, families, per_distinct
 from gpudiag.analysis.roofline.kernel_precision import simt_math_path
 from gpudiag.analysis.roofline.peaks import DevicePeaks
-from gpudiag.analysis.roofline.tiles import BASES, BASIS_CONFIDENCE, heuristic_basis
+from gpudiag.analysis.roofline.tiles import BASES, BASIS_CONFIDENCE, gemm_k_step, heuristic_basis
 
 CONFIG_COLUMNS = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
 CLASSES = ["overhead", "compute", "bandwidth"]  # kernel_class, by code
@@ -91,8 +98,9 @@ def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Se
     """flop, bytes and math_path per kernel instance that an op call with recorded shapes launched.
     An op call's bytes are shared among its kernels by duration; a contraction's FLOPs go to its
     contraction-family kernels only (a split-K reduction or a cast launched by the same call does
-    not do the multiply-adds). A contraction op's output of at most ``l2_bytes`` is left out of its
-    bytes (module docstring; NaN: the L2 size is unknown, every output counts)."""
+    not do the multiply-adds), times the padding of K to the kernel's K step. A contraction op whose
+    inputs and output together take at most ``l2_bytes`` has its output left out of its bytes
+    (module docstring; NaN: the L2 size is unknown, every output counts)."""
     # .array: the text columns as they are, not as Python objects (to_numpy)
     k = pd.DataFrame({"duration_ns": kernels["duration_ns"].to_numpy(), "op": attribution["op"].array,
                       "op_args": attribution["op_args"].array, "op_call": attribution["op_call"].to_numpy(),
@@ -103,10 +111,11 @@ def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Se
     calls = k.drop_duplicates("op_call")[["op_call", "op", "op_args"]]
     texts = calls[["op", "op_args"]].drop_duplicates()
     costs = [op_cost(o, a) for o, a in texts.itertuples(index=False)]  # once per distinct call text
+    texts = texts.assign(k=[c.k if c else np.nan for c in costs])
     out_bytes = np.array([c.out_bytes if c else 0.0 for c in costs])
-    in_l2 = texts["op"].isin(CONTRACTION_OPS).to_numpy() & np.isfinite(l2_bytes) & (out_bytes <= l2_bytes)
-    texts = texts.assign(flop=[c.flop if c else np.nan for c in costs],
-                         bytes=np.array([c.bytes if c else np.nan for c in costs]) - np.where(in_l2, out_bytes, 0.0),
+    op_bytes = np.array([c.bytes if c else np.nan for c in costs])
+    in_l2 = texts["op"].isin(CONTRACTION_OPS).to_numpy() & np.isfinite(l2_bytes) & (op_bytes <= l2_bytes)
+    texts = texts.assign(flop=[c.flop if c else np.nan for c in costs], bytes=op_bytes - np.where(in_l2, out_bytes, 0.0),
                          math_path=[c.math_path if c else None for c in costs])
     per_call = calls.merge(texts, on=["op", "op_args"]).dropna(subset=["math_path"]).set_index("op_call")
     share = k["duration_ns"] / k.groupby("op_call")["duration_ns"].transform("sum").replace(0, np.nan)
@@ -116,8 +125,13 @@ def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Se
     call_has_contraction = flop_weight.groupby(k["op_call"]).transform("sum") > 0
     flop_share = (flop_weight / flop_weight.groupby(k["op_call"]).transform("sum").replace(0, np.nan)).where(
         call_has_contraction & joined["op"].isin(CONTRACTION_OPS), share)
-    return pd.DataFrame({"flop": joined["flop"] * flop_share.fillna(0.0), "bytes": joined["bytes"] * share.fillna(1.0),
-                         "math_path": joined["math_path"]}).dropna(subset=["math_path"])
+    # the kernel computes K rounded up to its tile's K step (tiles.gemm_k_step): so many FLOPs it executes
+    step = (per_distinct(kernels["name"].reset_index(drop=True), gemm_k_step, np.nan, float)[k.index.to_numpy()]
+            if "name" in kernels else np.full(len(k), np.nan))
+    padded = np.where(np.isfinite(step) & (joined["k"].to_numpy() > 0),
+                      np.ceil(joined["k"].to_numpy() / step) * step / joined["k"].to_numpy(), 1.0)
+    return pd.DataFrame({"flop": joined["flop"] * flop_share.fillna(0.0) * padded,
+                         "bytes": joined["bytes"] * share.fillna(1.0), "math_path": joined["math_path"]}).dropna(subset=["math_path"])
 
 
 def _instance_index(config_key: pd.Series, step: pd.Series) -> pd.MultiIndex:

@@ -77,6 +77,7 @@ class OpCost:
     bytes: float
     math_path: str  # bf16, fp16, tf32, fp32, fp64, fp8, int8
     out_bytes: float = 0.0  # of ``bytes``, the outputs written
+    k: float = math.nan  # elements: the contraction length of a single GEMM (matmul ops, 1x1 convolutions)
 
     @property
     def intensity(self) -> float:
@@ -149,7 +150,7 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
     dtype = (ins or outs)[0][0]
     path = DTYPE_PATH.get(dtype, "fp32")
     shapes = [s for _, s in ins]
-    flop = None
+    flop, k = None, math.nan  # the matmul branches set k, the contraction length
     if op in ("aten::mm", "aten::matmul") and len(shapes) >= 2 and len(shapes[0]) >= 2 and len(shapes[1]) >= 2:
         # matmul broadcasts leading dimensions: batch = elements of the output over its last two dims
         m, k, n = shapes[0][-2], shapes[0][-1], shapes[1][-1]
@@ -175,6 +176,8 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
         if op in ("aten::convolution", "aten::_convolution") and len(payload.get("in", [])) > 6 and payload["in"][6] is True:
             return None  # transposed convolution: not modelled
         flop = _conv_flop(op, shapes, [s for _, s in outs])
+        if op != "aten::convolution_backward" and len(shapes) > 1 and len(shapes[1]) > 2 and _numel(shapes[1][2:]) == 1:
+            k = shapes[1][1]  # a 1x1 convolution is a GEMM over its input channels (per group)
         if dtype == "float32":
             path = "tf32"
     elif op.startswith(SDPA_PREFIXES):
@@ -186,7 +189,7 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
                 (b, h, l, d), s = shapes[q_at], shapes[q_at + 1][2]
             else:
                 (b, l, h, d), s = shapes[q_at], shapes[q_at + 1][1]
-            flop = 4.0 * b * h * l * s * d * (2.5 if "backward" in op else 1.0)
+            flop = 4.0 * b * h * l * s * d * (2.5 if "backward" in op else 1.0) * _causal_share(op, payload, l, s)
     contraction = flop is not None
     if not contraction:
         largest = float(max(_numel(s) for _, s in ins + outs))
@@ -198,7 +201,41 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
             per_element = FLOP_PER_ELEMENT.get(forward, 1.0)  # 1: element-wise ops and reductions
             flop = per_element * largest * (2.0 if backward else 1.0)
         path = "fp64" if path == "fp64" else "fp32"  # not a contraction: no tensor cores
-    return OpCost(flop=flop, bytes=nbytes, math_path=path, out_bytes=_nbytes(outs))
+    return OpCost(flop=flop, bytes=nbytes, math_path=path, out_bytes=_nbytes(outs), k=float(k) if contraction else math.nan)
+
+
+# The place of is_causal among each attention op's arguments (aten/src/ATen/native/native_functions.yaml;
+# the memory-efficient kernels' custom_mask_type: 0 none, 1 and 2 causal from the top left or bottom right).
+ATTENTION_TILE = 128  # elements: FlashAttention-2's and cuDNN's sm90 kernels use 64-128 (_causal_share)
+CAUSAL_ARGUMENT = {
+    "aten::scaled_dot_product_attention": 5, "aten::_scaled_dot_product_flash_attention": 4,
+    "aten::_scaled_dot_product_efficient_attention": 6, "aten::_scaled_dot_product_cudnn_attention": 6,
+    "aten::_scaled_dot_product_flash_attention_backward": 11, "aten::_scaled_dot_product_efficient_attention_backward": 11,
+    "aten::_scaled_dot_product_cudnn_attention_backward": 14, "aten::_flash_attention_forward": 8,
+    "aten::_flash_attention_backward": 11, "aten::_efficient_attention_forward": 9,
+    "aten::_efficient_attention_backward": 14,
+}
+
+
+def _causal_share(op: str, payload: dict, l: int, s: int) -> float:
+    """The share of the L x S attention scores a causal mask leaves the kernel to compute: 1 without
+    one. With one (PyTorch's is_causal, aligned top left: query row i sees keys 0..i), the fused
+    kernels skip the key tiles wholly above the diagonal and compute the others whole, so the work
+    is counted in tiles of :data:`ATTENTION_TILE` x :data:`ATTENTION_TILE`: about half for long
+    sequences, all of it for one tile. Measured by Nsight Compute on the H200 (cuDNN's sm90 flash
+    kernel, tests/fixtures/roofline48): 0.63 of the full FLOPs for a causal 512-token pass (this
+    gives 0.625), 1.0 for a 128-token prefill (1.0); exactly half would be 0.50 for both."""
+    args = payload.get("in", [])
+    kwargs = args[-1] if args and isinstance(args[-1], dict) else {}
+    at = CAUSAL_ARGUMENT.get(op, -1)
+    flag = args[at] if 0 <= at < len(args) - bool(kwargs) else kwargs.get("is_causal", kwargs.get("custom_mask_type"))
+    if not (flag is True or (type(flag) is int and flag > 0)) or l <= 0 or s <= 0:
+        return 1.0
+    t = ATTENTION_TILE
+    q_tiles, k_tiles = -(-int(l) // t), -(-int(s) // t)
+    # query tile i needs the key tiles up to the one holding key (i + 1) * t - 1
+    needed = sum(min(i + 1, k_tiles) for i in range(q_tiles))
+    return needed / (q_tiles * k_tiles)
 
 
 def _grouped_mm_flop(a: list[int], b: list[int], out: list[int]) -> float:

@@ -66,6 +66,23 @@ def gemm_tile(name: str) -> tuple[int, int] | None:
     return None
 
 
+# The K step of a tile: nvjet's tile_kstep (``_256x128_64x4_``: 64), cuBLAS/xmma's tilesizeMxNxK,
+# CUTLASS's tile_kstep x stages.
+_K_STEP_PATTERNS = (re.compile(r"nvjet_\w*?_\d+x\d+_(\d+)x\d+_\d+x\d+"), re.compile(r"tilesize\d+x\d+x(\d+)"),
+                    re.compile(r"cutlass\w*?gemm\w*?_\d+x\d+_(\d+)x\d+_(?:nn|nt|tn|tt)"))  # CUTLASS: _64x64_32x10_nn
+
+
+def gemm_k_step(name: str) -> float:
+    """The K step (elements) a GEMM kernel's name states, NaN where it states none. The kernel
+    computes K rounded up to it: Nsight Compute counts the FLOPs of the padding too (H200,
+    tests/fixtures/roofline48/conv: 1x1 convolutions of 16, 24, 32, 40 and 48 input channels run
+    by nvjet kernels with a K step of 64 measured 4, 2.67, 2, 1.6 and 1.33 times their 2MNK)."""
+    for pattern in _K_STEP_PATTERNS:
+        if m := pattern.search(name):
+            return float(m.group(1))
+    return np.nan
+
+
 # fp32 SIMT GEMMs: their ridge (H200: ~14 FLOP/byte) is under the bound a small tile gives
 # (2/4 x 64 = 32 FLOP/byte for 4-byte types), so a small tile proves nothing there
 _SIMT = SIMT_KERNEL

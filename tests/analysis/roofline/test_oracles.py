@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 
 import numpy as np
@@ -114,14 +115,15 @@ def _output_bytes(args: str) -> float:
 def _shape_costs_by_hand(detail: pd.DataFrame, l2_bytes: float) -> dict[int, tuple[float, float, str]]:
     """kernel_id -> (flop, bytes, math_path) of the detail step's kernels: each op call's cost
     shared by duration; a contraction's FLOPs go to its GEMM/conv/attention kernels only; a
-    contraction's output of at most ``l2_bytes`` is not DRAM traffic (it stays in the L2)."""
+    contraction's output is not DRAM traffic when its inputs and output fit in ``l2_bytes`` together
+    (it stays in the L2); a GEMM kernel computes K rounded up to its name's K step."""
     out = {}
     for _, call in detail[detail["op_call"] >= 0].groupby("op_call"):
         cost = op_cost(call["op"].iloc[0], call["op_args"].iloc[0])
         if cost is None or cost.math_path is None:
             continue
         written = _output_bytes(call["op_args"].iloc[0]) if call["op"].iloc[0] in CONTRACTION_OPS else np.inf
-        nbytes = cost.bytes - (written if written <= l2_bytes else 0.0)
+        nbytes = cost.bytes - (written if np.isfinite(written) and cost.bytes <= l2_bytes else 0.0)
         total = call["duration_ns"].sum()
         contraction = call["family"].isin(CONTRACTION_FAMILIES)
         contraction_ns = call.loc[contraction, "duration_ns"].sum()
@@ -131,8 +133,19 @@ def _shape_costs_by_hand(detail: pd.DataFrame, l2_bytes: float) -> dict[int, tup
                 flop_share = row.duration_ns / contraction_ns if is_contraction else 0.0
             else:
                 flop_share = share if total else 0.0
-            out[row.kernel_id] = (cost.flop * flop_share, nbytes * share, cost.math_path)
+            out[row.kernel_id] = (cost.flop * flop_share * _k_padding(cost.k, row.name), nbytes * share, cost.math_path)
     return out
+
+
+def _k_padding(k: float, name: str) -> float:
+    """K rounded up to the K step the kernel's name states (nvjet tile_kstep, xmma tilesizeMxNxK,
+    CUTLASS tile_kstep), over K; 1 without a step or a K."""
+    m = re.search(r"nvjet_\w*?_\d+x\d+_(\d+)x\d+_\d+x\d+|tilesize\d+x\d+x(\d+)|"
+                  r"cutlass\w*?gemm\w*?_\d+x\d+_(\d+)x\d+_(?:nn|nt|tn|tt)", str(name))
+    if not m or not k > 0:
+        return 1.0
+    step = int(next(g for g in m.groups() if g))
+    return -(-int(k) // step) * step / k
 
 
 @pytest.mark.parametrize("name", ["rmsnorm_train", "mlp_chain_b4096", "zoo_vit", "towers_inference"])
@@ -528,7 +541,7 @@ def test_a_contraction_whose_kernels_have_unrecognized_names_shares_its_flops_by
     out = classify(renamed, attribution, device)
     assert not families(renamed["name"]).isin(CONTRACTION_FAMILIES).any()
     frame = attribution[["kernel_id", "op_call", "op", "op_args"]].assign(
-        duration_ns=kernels["duration_ns"], family=out["family"])
+        duration_ns=kernels["duration_ns"], family=out["family"], name=renamed["name"])
     detail = db.conn.execute("SELECT step FROM steps WHERE detail").fetchone()[0]
     by_hand = _shape_costs_by_hand(frame[attribution["step"] == detail], device.l2_bytes)
     rows = out.set_index("kernel_id")
