@@ -69,8 +69,9 @@ def _attention_softmax(kernels: pd.DataFrame) -> np.ndarray:
     length = per_distinct(kernels["name"], _softmax_row_elements, 0, np.int64)
     if not (length != 0).any():
         return np.zeros(len(kernels), dtype=bool)
-    blocks = kernels["grid_x"].fillna(1).to_numpy(np.int64)
-    warps = kernels["block_y"].fillna(1).to_numpy(np.int64)
+    one = pd.Series(1, index=kernels.index)  # a frame without launch dimensions: one block, one warp
+    blocks = kernels.get("grid_x", one).fillna(1).to_numpy(np.int64)
+    warps = kernels.get("block_y", one).fillna(1).to_numpy(np.int64)
     per_warp = np.where((length > 0) & (length <= 128), 2, 1)
     rows = np.where(length > 0, blocks * warps * per_warp, blocks)  # block softmax: one block a row
     elements = np.where(length > 0, length, _BLOCK_SOFTMAX_MIN_ELEMENTS)
@@ -83,9 +84,10 @@ def _product_candidate(name: str) -> bool:
 
 def attention_products(kernels: pd.DataFrame, family: pd.Series, config_key: pd.Series) -> np.ndarray:
     """True per kernel (aligned with ``kernels``) for a GEMM taken to be an attention product (module
-    docstring). ``kernels`` needs name, grid_x, block_y and, to order launches, stream_id and start_ns
-    (ns; without them the rule finds nothing); ``family`` its kernel families; ``config_key`` one integer
-    per name and launch configuration."""
+    docstring). ``kernels`` needs name, grid_x and block_y (taken as 1 where missing) and, to order
+    launches, stream_id and start_ns (ns; without them the rule finds nothing); ``family`` its kernel
+    families; ``config_key`` one integer per name and launch configuration. 1 M kernels: 0.05 s
+    (this CPU machine, 2026-11-29; docs/notes/measurements.md)."""
     if not {"stream_id", "start_ns"} <= set(kernels.columns) or kernels.empty:
         return np.zeros(len(kernels), dtype=bool)
     gemm = (family == "gemm").to_numpy() & per_distinct(kernels["name"], _product_candidate, False, bool)
