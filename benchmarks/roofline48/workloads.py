@@ -10,7 +10,8 @@ Llama greedy generate, bf16, dynamic cache), moe (transformers Mixtral training 
 experts), grouped (torch._grouped_mm over 8 experts, forward and backward, bf16), decoder_eager (the
 decoder with eager attention: explicit matmul + softmax, no biases), triton_gemm (an MLP of Linear
 layers compiled with max-autotune and Triton as its only GEMM backend, bf16: Triton template GEMMs,
-large-K and small-K, with fused epilogues). All models are
+large-K and small-K, with fused epilogues), bert_eager and gpt2_eager (transformers BERT MLM and GPT-2 LM
+training, bf16, eager attention: held out for the attention-product rule). All models are
 built from configs (no download) with fixed seeds and random inputs. None of them was used to tune
 gpudiag's roofline heuristics (those were Swin-T, GPT-2, an MLP decode loop and BERT).
 
@@ -89,6 +90,19 @@ def decoder_eager():
     return _hf_train(_llama(attention="eager"), torch.randint(0, 32000, (8, 512), device="cuda"))
 
 
+def bert_eager():
+    from transformers import BertConfig, BertForMaskedLM
+    cfg = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
+                     intermediate_size=3072, attn_implementation="eager")
+    return _hf_train(BertForMaskedLM(cfg).cuda(), torch.randint(0, 30522, (16, 256), device="cuda"))
+
+
+def gpt2_eager():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_layer=6, n_embd=768, n_head=12, n_positions=1024, attn_implementation="eager")
+    return _hf_train(GPT2LMHeadModel(cfg).cuda(), torch.randint(0, 50257, (8, 512), device="cuda"))
+
+
 def triton_gemm():
     import torch._inductor.config as inductor
     from torch import nn
@@ -145,7 +159,7 @@ def grouped():
 
 
 WORKLOADS = {f.__name__: f for f in (conv, swinv2, encoder, decoder, decode, moe, grouped, decoder_eager,
-                                     triton_gemm)}
+                                     triton_gemm, bert_eager, gpt2_eager)}
 
 
 def main() -> None:
