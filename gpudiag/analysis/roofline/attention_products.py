@@ -15,16 +15,19 @@ on an A100; the basis's confidence, measured, says how far it held.
 Which GEMMs: in the order one stream runs its GEMM kernels and its attention softmaxes, a GEMM right
 before or right after a softmax, with at most :data:`MAX_BETWEEN` other launches between them (the
 scaling, masking, position terms, dropout and casts of attention: 2-21 on the fixtures; an MoE router's
-softmax is followed by top-k, sort and index kernels, 65 and more launches before the next GEMM), and every launch of a kernel configuration (name, grid, block) at least
-:data:`CONFIG_SHARE` of whose launches are such neighbours (cuBLASLt picks a kernel by problem shape,
-and an attention product's shape recurs in the layer's backward). Left out: GEMMs with a bias epilogue
+softmax is followed by top-k, sort and index kernels, 65 and more launches before the next GEMM); then
+the GEMMs linked to such a neighbour the same way through launches of configurations (name, grid,
+block) that are neighbours somewhere (DeBERTa's position terms, the backward's four products), up to
+the first GEMM of another configuration (GEMMs with a bias epilogue are passed over). A configuration
+is not a product everywhere: GPT-2's ``Q K^T`` kernel also runs an MLP GEMM of its backward (19 GFLOP,
+compute-bound by its shapes) 19-42 launches from any softmax, behind the attention projections' GEMMs. Left out: GEMMs with a bias epilogue
 (a Linear layer: attention products have none), fp32 SIMT GEMMs (their ridge, ~14 FLOP/byte, is under
 the bound), and softmaxes that are not attention's: log-softmax (a loss), and any with fewer than
 :data:`ROWS_PER_ELEMENT` rows per row element (a classifier head's softmax over its classes; attention
 has ``batch x heads`` rows per key position).
 
 Measured on the issue 48 fixtures (ncu on an H200, 2026-11-29; docs/roofline_gemm.md): DeBERTa (the
-encoder, built on) and a Llama training step with eager attention (captured afterwards, not built on).
+encoder, built on) and, captured afterwards, Llama, BERT and GPT-2 training steps with eager attention.
 """
 
 from __future__ import annotations
@@ -48,7 +51,6 @@ _BLOCK_SOFTMAX = re.compile(r"cunn_SoftMax(?:Forward|Backward)\w*<.*(?<!Log)Soft
 _BLOCK_SOFTMAX_MIN_ELEMENTS = 1025  # rows of up to 1024 elements take the warp kernels
 ROWS_PER_ELEMENT = 4  # attention: batch x heads rows per key position; a classifier: batch / classes
 MAX_BETWEEN = 24  # launches between a product and its softmax (module docstring)
-CONFIG_SHARE = 1 / 8  # a projection sharing a product's kernel: ~2 of ~20 launches a layer (module docstring)
 _BIAS = re.compile(r"bias", re.IGNORECASE)
 
 
@@ -104,7 +106,13 @@ def attention_products(kernels: pd.DataFrame, family: pd.Series, config_key: pd.
     before = np.r_[is_softmax[1:] & same_as_previous, False]
     neighbour = np.zeros(len(kernels), dtype=bool)
     neighbour[events[~is_softmax & (after | before)]] = True
-    # every launch of a configuration whose launches are often neighbours
+    # the runs of launches of such configurations that reach a softmax: a neighbour's neighbours
     cfg = pd.factorize(config_key.to_numpy())[0]
-    share = np.bincount(cfg, weights=neighbour) / np.bincount(cfg)
-    return neighbour | (gemm & (share[cfg] >= CONFIG_SHARE))
+    seed = np.bincount(cfg, weights=neighbour, minlength=cfg.max(initial=0) + 1) > 0
+    valid = is_softmax | seed[cfg[events]]
+    starts = np.r_[True, ~(valid[1:] & valid[:-1] & same_as_previous)]
+    run = np.cumsum(starts) - 1
+    reaches = np.bincount(run, weights=is_softmax) > 0
+    product = np.zeros(len(kernels), dtype=bool)
+    product[events[valid & ~is_softmax & reaches[run]]] = True
+    return product

@@ -115,8 +115,8 @@ def heuristic_basis(names: pd.Series, family: pd.Series, attention_product: np.n
                          "bandwidth": ~contraction | small | depthwise | product}, index=names.index)
 
 # Per basis (BASES order): the share of kernel time on which a class resting on it agreed with
-# Nsight Compute over the committed ncu fixtures of issue 48 (eight workloads; benchmarks/roofline_accuracy.py
+# Nsight Compute over the committed ncu fixtures of issue 48 (ten workloads; benchmarks/roofline_accuracy.py
 # --by-basis; docs/roofline_gemm.md, H200, 2026-11-29). A prior, not a probability for one kernel.
-# family 230.9 ms, small tile 1.1 ms, large tile 25.7 ms, no tile 31.3 ms, depthwise 1.9 ms,
-# attention product 10.9 ms
-BASIS_CONFIDENCE = [0.995, 1.0, 0.851, 0.965, 1.0, 1.0]
+# family 305.9 ms, small tile 1.1 ms, large tile 36.8 ms, no tile 31.3 ms, depthwise 1.9 ms,
+# attention product 14.9 ms
+BASIS_CONFIDENCE = [0.996, 1.0, 0.845, 0.965, 1.0, 1.0]

@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import roofline_accuracy  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "roofline48"
-NAMES = ("conv", "swinv2", "encoder", "decoder", "decode", "moe", "decoder_eager", "triton_gemm")
+NAMES = ("conv", "swinv2", "encoder", "decoder", "decode", "moe", "decoder_eager", "triton_gemm", "bert_eager",
+         "gpt2_eager")
 COMPILED = {"triton_gemm"}  # its GEMMs run in an Inductor graph, outside any aten op range: no shapes
 
 
