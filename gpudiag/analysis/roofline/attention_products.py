@@ -20,9 +20,10 @@ the GEMMs linked to such a neighbour the same way through launches of configurat
 block) that are neighbours somewhere (DeBERTa's position terms, the backward's four products), up to
 the first GEMM of another configuration (GEMMs with a bias epilogue are passed over). A configuration
 is not a product everywhere: GPT-2's ``Q K^T`` kernel also runs an MLP GEMM of its backward (19 GFLOP,
-compute-bound by its shapes) 19-42 launches from any softmax, behind the attention projections' GEMMs. Left out: GEMMs with a bias epilogue
-(a Linear layer: attention products have none), fp32 SIMT GEMMs (their ridge, ~14 FLOP/byte, is under
-the bound), and softmaxes that are not attention's: log-softmax (a loss), and any with fewer than
+compute-bound by its shapes) 19-42 launches from any softmax, behind the attention projections' GEMMs.
+
+Left out: GEMMs with a bias epilogue (a Linear layer: attention products have none), fp32 SIMT GEMMs
+(their ridge, ~14 FLOP/byte, is under the bound), and softmaxes that are not attention's: log-softmax (a loss), and any with fewer than
 :data:`ROWS_PER_ELEMENT` rows per row element (a classifier head's softmax over its classes; attention
 has ``batch x heads`` rows per key position).
 
