@@ -1,8 +1,8 @@
 """Issue 48: eager attention's score and value GEMMs, found next to its softmax in an export without
 shapes, against Nsight Compute's numbers (tests/fixtures/roofline48, H200). The encoder (DeBERTa) is
 the workload the rule was built on; ``decoder_eager`` (Llama with eager attention, no biases) was
-captured after it was written, BERT and GPT-2 with eager attention later still, and the other fixtures (an MoE router's softmax, a loss's
-log-softmax, Swin-V2's windows) are where it must not misfire.
+captured after it was written, ``bert_eager`` and ``gpt2_eager`` later still, and the other fixtures
+(an MoE router's softmax, a loss's log-softmax, Swin-V2's windows) are where it must not misfire.
 
 The oracle is ncu's counters and the H200's datasheet peaks written in test_gemm_tiles.py: a kernel
 is compute-bound when its measured FLOP/byte reaches the ridge of the path it used."""
