@@ -11,7 +11,9 @@ experts), grouped (torch._grouped_mm over 8 experts, forward and backward, bf16)
 decoder with eager attention: explicit matmul + softmax, no biases), triton_gemm (an MLP of Linear
 layers compiled with max-autotune and Triton as its only GEMM backend, bf16: Triton template GEMMs,
 large-K and small-K, with fused epilogues), bert_eager and gpt2_eager (transformers BERT MLM and GPT-2 LM
-training, bf16, eager attention: held out for the attention-product rule). All models are
+training, bf16, eager attention: held out for the attention-product rule), vit_compiled (timm ViT-S/16
+training under default torch.compile, bf16: cuBLAS GEMMs as Inductor extern calls, held out for the
+shapes compiled graphs record). All models are
 built from configs (no download) with fixed seeds and random inputs. None of them was used to tune
 gpudiag's roofline heuristics (those were Swin-T, GPT-2, an MLP decode loop and BERT).
 
@@ -126,6 +128,17 @@ def triton_gemm():
     return lambda: _train_step(compiled, x, opt, lambda mm, b: mm(b).float().pow(2).mean())
 
 
+def vit_compiled():
+    import timm
+
+    m = timm.create_model("vit_small_patch16_224", num_classes=100).cuda()
+    compiled = torch.compile(m)  # default mode: cuBLAS GEMMs as extern calls, Triton for the rest
+    x = torch.randn(64, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 100, (64,), device="cuda")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    return lambda: _train_step(compiled, (x, y), opt, lambda mm, b: torch.nn.functional.cross_entropy(mm(b[0]), b[1]))
+
+
 def decode():
     m = _llama(layers=8).to(torch.bfloat16).eval()
     ids = torch.randint(0, 32000, (4, 128), device="cuda")
@@ -158,7 +171,7 @@ def grouped():
     return step
 
 
-WORKLOADS = {f.__name__: f for f in (conv, swinv2, encoder, decoder, decode, moe, grouped, decoder_eager,
+WORKLOADS = {f.__name__: f for f in (conv, swinv2, encoder, decoder, decode, moe, grouped, decoder_eager, vit_compiled,
                                      triton_gemm, bert_eager, gpt2_eager)}
 
 

@@ -140,13 +140,57 @@ def _origin_nodes(node_schedule, is_extern: bool) -> list:
     return nodes
 
 
+def _described(value):
+    """JSON-able form of one FX argument, as the op ranges describe aten arguments (``"bfloat16[8,16]"``
+    for a tensor; numbers, booleans and None as they are); None for a tensor of symbolic shape."""
+    import torch.fx
+
+    if isinstance(value, torch.fx.Node):
+        value = value.meta.get("val")
+    if isinstance(value, (list, tuple)):
+        return [_described(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None or not all(type(s) is int for s in shape):
+        return None  # a symbolic size: int() on it would add a guard
+    return f"{str(dtype).removeprefix('torch.')}[{','.join(str(s) for s in shape)}]"
+
+
+def contraction_payload(nodes) -> dict | None:
+    """The op range payload (``{"op", "in", "out"}``, as :mod:`gpudiag.capture.op_ranges` writes it)
+    of the one contraction (matmul, convolution, attention: the cost model's
+    ``CONTRACTION_OPS`` and SDPA ops) among a call site's FX nodes, with the shapes Inductor traced
+    (``meta["val"]``); None when the site has none or several, or a shape is symbolic. A template
+    kernel's epilogue (a bias, a residual add) is not in it: the contraction's FLOPs are its FLOPs."""
+    import torch.fx
+
+    from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, SDPA_PREFIXES
+
+    found = []
+    for node in nodes:
+        name = getattr(getattr(getattr(node, "target", None), "_schema", None), "name", None)
+        if name and (name in CONTRACTION_OPS or name.startswith(SDPA_PREFIXES)) and node not in found:
+            found.append(node)
+    if len(found) != 1:
+        return None
+    node = found[0]
+    ins = [_described(a) for a in node.args]
+    if node.kwargs:
+        ins.append({k: _described(v) for k, v in node.kwargs.items()})
+    out = _described(node.meta.get("val"))
+    symbolic = any(d is None for d, a in zip(ins, node.args) if isinstance(a, torch.fx.Node))
+    return None if symbolic or out is None else {"op": node.target._schema.name, "in": ins, "out": out}
+
+
 def kernel_record(kernel_name: str, nodes, is_extern: bool) -> dict:
     """What one kernel call site came from: ``module`` (path relative to the compiled frame's root,
     the module with most origin nodes; None when no node has a module stack), ``module_class``,
     ``root`` (the frame's local the path starts from), ``modules`` (path -> origin node count; in a
     backward graph the module is chosen among backward nodes, not recomputed forward ones),
     ``source`` (``file:line`` of the innermost user frame, the most common among the module's nodes),
-    ``ops`` (the aten ops the nodes were decomposed from)."""
+    ``ops`` (the aten ops the nodes were decomposed from), ``cost`` (:func:`contraction_payload`: the
+    site's matmul, convolution or attention with its shapes, or None)."""
     counts: collections.Counter = collections.Counter()
     own: collections.Counter = collections.Counter()  # backward nodes only (see below)
     classes, roots, lines, ops = {}, {}, collections.defaultdict(collections.Counter), []
@@ -173,7 +217,8 @@ def kernel_record(kernel_name: str, nodes, is_extern: bool) -> dict:
     source_counts = lines.get(module) or sum(lines.values(), collections.Counter())
     return {"name": kernel_name, "kind": _kind(kernel_name, is_extern), "module": module,
             "module_class": classes.get(module), "root": roots.get(module), "modules": dict(counts),
-            "source": source_counts.most_common(1)[0][0] if source_counts else None, "ops": ops}
+            "source": source_counts.most_common(1)[0][0] if source_counts else None, "ops": ops,
+            "cost": contraction_payload(nodes)}
 
 
 def _kind(name: str, is_extern: bool) -> str:

@@ -395,3 +395,81 @@ def test_graph_from_another_process_gets_a_fresh_id():
     token, gid, text = ip._graph_of(state, compiled)
     assert token is state.token and gid == 0 and text == nvtx_names.GRAPH + "0"
     assert state.graphs[0]["generated"] is False and ip._graph_of(state, compiled)[1] == 0
+
+
+# (in, out) features of the model's Linear layers, forward order (SCRIPT above): the oracle of the shapes
+LINEAR_FEATURES = [(16, 32), (32, 16), (16, 32), (32, 16), (16, 3)]
+BATCH = 6
+
+
+def _dims(site) -> tuple[int, ...]:
+    """The sorted (M, N, K) of a recorded matmul site, from its payload's input shapes."""
+    shapes = [[int(x) for x in t.split("[")[1].rstrip("]").split(",")] for t in site["cost"]["in"]
+              if isinstance(t, str) and "[" in t]
+    a, b = shapes[-2], shapes[-1]  # mm (a, b); addmm (bias, a, b)
+    assert a[1] == b[0], site["cost"]
+    return tuple(sorted((a[0], b[1], a[1])))
+
+
+def test_extern_matmuls_record_their_shapes(run):
+    """Each extern call of a Linear records its contraction with Inductor's traced shapes: forward
+    x W^T (batch, in, out); backward the input gradient (batch, out -> in) and the weight gradient
+    (out x in over the batch), for every Linear but none for the C++ kernels."""
+    forward, backward = _graph(run, "forward"), _graph(run, "backward")
+    fwd = sorted(_dims(s) for s in forward["kernels"] if s["kind"] == "extern")
+    assert fwd == sorted(tuple(sorted((BATCH, i, o))) for i, o in LINEAR_FEATURES)
+    bwd = sorted(_dims(s) for s in backward["kernels"] if s["kind"] == "extern")
+    assert bwd == sorted(2 * [tuple(sorted((BATCH, i, o))) for i, o in LINEAR_FEATURES])
+    assert all(s["cost"]["op"] in ("aten::mm", "aten::addmm") for g in (forward, backward)
+               for s in g["kernels"] if s["kind"] == "extern")
+    assert all(s["cost"] is None for g in (forward, backward) for s in g["kernels"] if s["kind"] == "cpp")
+
+
+def test_compiled_matmuls_get_shape_costs(run):
+    """The analysis gives a compiled graph's GEMM kernels their call site's FLOPs (2 M N K, from the
+    oracle's shapes), as eager op calls get theirs: evidence "shapes"; an extern call launched as a
+    GEMM and a split-K reduction shares its bytes by duration, the FLOPs go to the GEMM."""
+    from gpudiag.analysis.roofline.classify import classify
+    from gpudiag.analysis.roofline.peaks import DevicePeaks
+
+    ranges = _ranges_from_events(run.events)
+    launches, sites_of, corr, extern_calls = [], {}, 0, 0
+    for text, start, _ in ranges:
+        if not text.startswith(nvtx_names.GRAPH):
+            continue
+        t = start + 1
+        sites = run.provenance["graphs"][text[len(nvtx_names.GRAPH):]]["kernels"]
+        kinds = ["", *(s["kind"] for s in sites), ""]
+        for n, site in enumerate(sites):
+            # an extern call between two Inductor kernels may launch a split-K reduction too; one
+            # beside another extern call launches one GEMM (else the launches' sites are ambiguous)
+            alone = kinds[n] != "extern" and kinds[n + 2] != "extern"
+            extern_calls += site["kind"] == "extern"
+            names = [site["name"]] if site["kind"] != "extern" else (
+                ["sm80_xmma_gemm_f32f32", "splitKreduce_kernel"] if alone else ["ampere_sgemm_64x64_nn"])
+            for name in names:
+                corr += 1
+                launches.append((t, name, 10 * t, corr))
+                sites_of[corr - 1] = site
+                t += 1
+    kernels, api, nvtx = _capture(ranges, launches)
+    att, _ = attribute_compiled(kernels, attribute(kernels, api, nvtx, WHOLE), nvtx, run.provenance)
+    kernels = kernels.assign(grid_x=1024, grid_y=1, grid_z=1, block_x=128, block_y=1, block_z=1,
+                             duration_ns=[10_000 + 10 * i for i in range(len(kernels))])
+    peaks = DevicePeaks("test", 132, 3.35e12, {"fp32": 67e12, "tf32": 495e12})
+    cls = classify(kernels, att.assign(step=0), peaks)
+    gemm = kernels["name"].str.contains("gemm").to_numpy()
+    assert gemm.sum() == extern_calls > 0
+    assert cls.loc[gemm, "evidence"].eq("shapes").all(), cls.loc[gemm, ["evidence", "flop"]]
+    expected = [2.0 * np.prod(_dims(sites_of[i])) for i in np.flatnonzero(gemm)]
+    np.testing.assert_allclose(cls.loc[gemm, "flop"].to_numpy(), expected)
+    reduce = kernels["name"].eq("splitKreduce_kernel").to_numpy()
+    assert reduce.any() and (cls.loc[reduce, "flop"] == 0).all() and (cls.loc[reduce, "bytes"] > 0).all()
+    # the bytes of one call: its GEMM's and its reduction's add up to the payload's inputs and output
+    for i in np.flatnonzero(reduce):
+        m, n, k = _dims(sites_of[i])
+        site_bytes = 4.0 * (m * k + k * n + m * n) + (4.0 * n if sites_of[i]["cost"]["op"] == "aten::addmm" else 0)
+        both = cls.loc[[i - 1, i], "bytes"].sum()
+        assert both == pytest.approx(site_bytes, rel=0.2), (sites_of[i]["cost"], both)
+    cpp = kernels["name"].str.startswith("cpp").to_numpy()
+    assert cls.loc[cpp, "evidence"].eq("heuristic").all()

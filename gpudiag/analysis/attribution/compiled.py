@@ -20,6 +20,7 @@ compilation), so they read like eager paths (``blocks.0.fc1``).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import NamedTuple
 
@@ -184,9 +185,13 @@ def attribute_compiled(kernels: pd.DataFrame, attribution: pd.DataFrame, nvtx: p
     Returns (a copy of ``attribution`` with ``module``/``module_class`` set from provenance where it
     maps, and new columns ``graph`` (graph id, -1 outside compiled runs), ``source_line`` (``file:line``,
     '' if unknown), ``compiled_mapping`` ('' outside compiled runs, else name/order/coarse/unmapped),
+    ``compiled_op`` / ``compiled_op_args`` (the contraction a launch's one call site recorded, with its
+    shapes as an op range payload, :func:`site_cost`; '' if none) and ``compiled_op_call`` (one id per
+    graph run and call site, -1 without a cost),
     summary dict: see :func:`summarize`). Raises nothing for missing or malformed provenance."""
     out = attribution.copy(deep=False)  # copy-on-write: the columns set below are the only ones copied
     out["graph"], out["source_line"], out["compiled_mapping"] = -1, "", ""
+    out["compiled_op"], out["compiled_op_args"], out["compiled_op_call"] = "", "", -1
     graphs = (provenance or {}).get("graphs") or {}
     text = nvtx["text"].fillna("") if not nvtx.empty else pd.Series(dtype=str)
     ranges = nvtx[text.str.startswith(nvtx_names.GRAPH)].reset_index(drop=True) if not nvtx.empty else nvtx
@@ -197,22 +202,46 @@ def attribute_compiled(kernels: pd.DataFrame, attribution: pd.DataFrame, nvtx: p
     out["graph"] = np.where(call >= 0, range_graph[np.maximum(call, 0)], -1)
     out.loc[call >= 0, "compiled_mapping"] = "unmapped"
     prefixes = _prefixes(out, call, range_graph, graphs)
-    cols = {c: out[c].to_numpy(dtype=object).copy() for c in ("module", "module_class", "source_line", "compiled_mapping")}
+    cols = {c: out[c].to_numpy(dtype=object).copy() for c in ("module", "module_class", "source_line", "compiled_mapping",
+                                                                "compiled_op", "compiled_op_args")}
+    site_call = np.full(len(out), -1, dtype=np.int64)  # (run, call site) of a launch with a recorded cost
+    radix = 1 + max((len((g or {}).get("kernels") or []) for g in graphs.values()), default=0)
     memo: dict = {}
     for c, run in _launch_order(kernels, out, call).groupby("call", sort=False):
         sites = (graphs.get(str(range_graph[c])) or {}).get("kernels") or []
         key = (range_graph[c], tuple(run["name"]), prefixes.get(c))
         if key not in memo:
             matches = align_call(list(run["name"]), [s.get("name") for s in sites])
-            memo[key] = [resolve_site(m, sites, prefixes.get(c)) for m in matches]
-        for pos, (path, cls, source, how) in zip(run["pos"].to_numpy(), memo[key]):
+            memo[key] = [(resolve_site(m, sites, prefixes.get(c)), site_cost(m, sites)) for m in matches]
+        for pos, ((path, cls, source, how), (site, op, args)) in zip(run["pos"].to_numpy(), memo[key]):
             cols["compiled_mapping"][pos] = how
             cols["source_line"][pos] = source or ""
             if path is not None:
                 cols["module"][pos], cols["module_class"][pos] = path, cls or ""
+            if site >= 0:
+                cols["compiled_op"][pos], cols["compiled_op_args"][pos] = op, args
+                site_call[pos] = int(c) * radix + site
     for name, values in cols.items():
         out[name] = values
+    # one id per (graph run, call site): the kernels of one extern call (a GEMM and its split-K
+    # reduction) share the call's cost, as the kernels of one eager op call do
+    has = site_call >= 0
+    calls = np.full(len(out), -1, dtype=np.int64)
+    calls[has] = pd.factorize(site_call[has])[0]
+    out["compiled_op_call"] = calls
     return out, summarize(kernels, out, provenance)
+
+
+def site_cost(match: Match, sites: list[dict]) -> tuple[int, str, str]:
+    """(call site index, aten op, op payload JSON) of a launch matched to exactly one call site that
+    recorded its contraction's shapes (``cost``, :func:`gpudiag.capture.inductor_provenance.contraction_payload`);
+    (-1, "", "") otherwise (a coarse match could be another site's launch)."""
+    if match.how not in ("name", "order") or len(match.sites) != 1:
+        return -1, "", ""
+    cost = sites[match.sites[0]].get("cost")
+    if not isinstance(cost, dict) or not isinstance(cost.get("op"), str):
+        return -1, "", ""
+    return match.sites[0], cost["op"], json.dumps(cost, separators=(",", ":"))
 
 
 def summarize(kernels: pd.DataFrame, out: pd.DataFrame, provenance: dict | None, top: int = 5) -> dict:

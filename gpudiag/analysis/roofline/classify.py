@@ -97,6 +97,24 @@ def _config_key(kernels: pd.DataFrame) -> pd.Series:
     return pd.Series(pd.factorize(key)[0].astype(np.int64), index=kernels.index)
 
 
+def _op_calls(attribution: pd.DataFrame) -> pd.DataFrame:
+    """op, op_args and op_call per kernel: the eager op call that launched it (op ranges), else the
+    contraction of its compiled graph's call site (``compiled_op*``, :func:`gpudiag.analysis.
+    attribution.compiled.attribute_compiled`), numbered after the eager calls."""
+    calls = attribution[["op", "op_args", "op_call"]]
+    if "compiled_op_call" not in attribution:
+        return calls
+    compiled = (attribution["compiled_op_call"].to_numpy() >= 0) & (calls["op_call"].to_numpy() < 0)
+    if not compiled.any():
+        return calls
+    calls = calls.astype({"op": object, "op_args": object})  # copies: the attribution table is not changed
+    first = int(calls["op_call"].max()) + 1 if len(calls) else 0
+    calls.loc[compiled, "op"] = attribution.loc[compiled, "compiled_op"].astype(object).to_numpy()
+    calls.loc[compiled, "op_args"] = attribution.loc[compiled, "compiled_op_args"].astype(object).to_numpy()
+    calls.loc[compiled, "op_call"] = first + attribution.loc[compiled, "compiled_op_call"].to_numpy()
+    return calls
+
+
 def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Series,
                  l2_bytes: float = float("nan")) -> pd.DataFrame:
     """flop, bytes and math_path per kernel instance that an op call with recorded shapes launched.
@@ -193,7 +211,7 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
     dur = kernels["duration_ns"].to_numpy(dtype=float)
     config_key = out["config_key"]
     instance = _instance_index(config_key, attribution["step"])
-    cost = _shape_costs(kernels, attribution, out["family"], peaks.l2_bytes)
+    cost = _shape_costs(kernels, _op_calls(attribution), out["family"], peaks.l2_bytes)
     out["flop"], out["bytes"], out["math_path"] = np.nan, np.nan, None
     if not cost.empty:
         # Every instance takes the detail step's numbers of the same launch (config, ordinal).
