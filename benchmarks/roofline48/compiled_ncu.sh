@@ -9,9 +9,10 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 out=${1:?usage: compiled_ncu.sh OUT NAME...}; shift
 for w in "$@"; do
   t0=$(date +%s)
+  if [ -n "${DEADLINE:-}" ] && [ $((t0 + ${PROFILE_TIMEOUT:-270})) -gt "$DEADLINE" ]; then echo "$w skipped: deadline"; continue; fi
   timeout "${PROFILE_TIMEOUT:-270}" python3 -m gpudiag profile --ncu --ncu-top 40 --no-bare-run --try none \
     -o "/tmp/c_$w" "$here/workloads.py" "$w" > "$out/$w.log" 2>&1
   echo "$w rc $? $(( $(date +%s) - t0 )) s"
-  (cd "/tmp/c_$w" && tar cJf "$out/$w.tar.xz" profile.sqlite profile.ncu-rep script_status.json report.json 2>/dev/null)
+  (cd "/tmp/c_$w" && tar cf - profile.sqlite profile.ncu-rep script_status.json report.json 2>/dev/null | xz -T0 -6 > "$out/$w.tar.xz")
   ls -la "/tmp/c_$w" >> "$out/$w.log"
 done

@@ -13,7 +13,8 @@ layers compiled with max-autotune and Triton as its only GEMM backend, bf16: Tri
 large-K and small-K, with fused epilogues), bert_eager and gpt2_eager (transformers BERT MLM and GPT-2 LM
 training, bf16, eager attention: held out for the attention-product rule), vit_compiled (timm ViT-S/16
 training under default torch.compile, bf16: cuBLAS GEMMs as Inductor extern calls, held out for the
-shapes compiled graphs record). All models are
+shapes compiled graphs record), gpt2_compiled (transformers GPT-2, 3 layers, SDPA attention, under
+default torch.compile, bf16: held out likewise). All models are
 built from configs (no download) with fixed seeds and random inputs. None of them was used to tune
 gpudiag's roofline heuristics (those were Swin-T, GPT-2, an MLP decode loop and BERT).
 
@@ -131,12 +132,23 @@ def triton_gemm():
 def vit_compiled():
     import timm
 
-    m = timm.create_model("vit_small_patch16_224", num_classes=100).cuda()
+    # 4 of ViT-S's 12 blocks: Nsight Compute then replays a whole step within one device call
+    m = timm.create_model("vit_small_patch16_224", depth=4, num_classes=100).cuda()
     compiled = torch.compile(m)  # default mode: cuBLAS GEMMs as extern calls, Triton for the rest
     x = torch.randn(64, 3, 224, 224, device="cuda")
     y = torch.randint(0, 100, (64,), device="cuda")
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
     return lambda: _train_step(compiled, (x, y), opt, lambda mm, b: torch.nn.functional.cross_entropy(mm(b[0]), b[1]))
+
+
+def gpt2_compiled():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_layer=3, n_embd=768, n_head=12, n_positions=1024, attn_implementation="sdpa")
+    m = GPT2LMHeadModel(cfg).cuda()
+    compiled = torch.compile(m)
+    ids = torch.randint(0, 50257, (8, 384), device="cuda")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    return lambda: _train_step(compiled, ids, opt, lambda mm, b: mm(input_ids=b, labels=b).loss)
 
 
 def decode():
@@ -172,6 +184,7 @@ def grouped():
 
 
 WORKLOADS = {f.__name__: f for f in (conv, swinv2, encoder, decoder, decode, moe, grouped, decoder_eager, vit_compiled,
+                                     gpt2_compiled,
                                      triton_gemm, bert_eager, gpt2_eager)}
 
 

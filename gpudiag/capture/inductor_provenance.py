@@ -190,7 +190,8 @@ def kernel_record(kernel_name: str, nodes, is_extern: bool) -> dict:
     backward graph the module is chosen among backward nodes, not recomputed forward ones),
     ``source`` (``file:line`` of the innermost user frame, the most common among the module's nodes),
     ``ops`` (the aten ops the nodes were decomposed from), ``cost`` (:func:`contraction_payload`: the
-    site's matmul, convolution or attention with its shapes, or None)."""
+    matmul, convolution or attention an extern call or a GEMM template computes, with its shapes, or
+    None)."""
     counts: collections.Counter = collections.Counter()
     own: collections.Counter = collections.Counter()  # backward nodes only (see below)
     classes, roots, lines, ops = {}, {}, collections.defaultdict(collections.Counter), []
@@ -218,7 +219,9 @@ def kernel_record(kernel_name: str, nodes, is_extern: bool) -> dict:
     return {"name": kernel_name, "kind": _kind(kernel_name, is_extern), "module": module,
             "module_class": classes.get(module), "root": roots.get(module), "modules": dict(counts),
             "source": source_counts.most_common(1)[0][0] if source_counts else None, "ops": ops,
-            "cost": contraction_payload(nodes)}
+            # a Triton kernel fused around a convolution or a matmul (its input cast, its epilogue)
+            # lists the contraction among its origins but does not compute it
+            "cost": contraction_payload(nodes) if _kind(kernel_name, is_extern) in ("extern", "template") else None}
 
 
 def _kind(name: str, is_extern: bool) -> str:

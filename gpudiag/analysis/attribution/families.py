@@ -20,6 +20,9 @@ FAMILY_PATTERNS: tuple[tuple[str, str], ...] = (
     ("communication", r"nccl|msccl|nvshmem|cross_device_reduce|(?:one|two)_shot_all_reduce|multimem_all_(?:reduce|gather)"),
     ("attention", r"flash|fmha|attention|sdpa|mha_|_attn"),
     ("conv", r"conv(olution|_|\d)|implicit_gemm|winograd|fprop|dgrad|wgrad"),
+    # cuBLASLt's split-K reduction sums the partial products a split-K GEMM wrote: no multiply-add of
+    # its own (a compiled ViT's extern matmuls, tests/fixtures/roofline48/compiled: bandwidth-bound by ncu)
+    ("reduce", r"splitk_?reduce"),
     # Inductor's Triton GEMM templates name the ops they fuse: triton_tem_fused__to_copy_addmm_t_3
     # (a cast, an addmm) is a GEMM, not a copy
     ("gemm", r"gemm|cutlass|cublas|nvjet|xmma|wgmma|sm\d+_xmma|matmul|_mma_|triton_tem_\w*?_(?:add|b|_scaled_)?mm(?:_|$)"),

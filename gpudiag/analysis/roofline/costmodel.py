@@ -189,7 +189,7 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
                 (b, h, l, d), s = shapes[q_at], shapes[q_at + 1][2]
             else:
                 (b, l, h, d), s = shapes[q_at], shapes[q_at + 1][1]
-            flop = 4.0 * b * h * l * s * d * (2.5 if "backward" in op else 1.0) * _causal_share(op, payload, l, s)
+            flop = 4.0 * b * h * l * s * d * (2.5 if "backward" in op else 1.0) * _tile_share(op, payload, l, s)
     contraction = flop is not None
     if not contraction:
         largest = float(max(_numel(s) for _, s in ins + outs))
@@ -206,7 +206,7 @@ def op_cost(op: str, args_json: str) -> OpCost | None:
 
 # The place of is_causal among each attention op's arguments (aten/src/ATen/native/native_functions.yaml;
 # the memory-efficient kernels' custom_mask_type: 0 none, 1 and 2 causal from the top left or bottom right).
-ATTENTION_TILE = 128  # elements: FlashAttention-2's and cuDNN's sm90 kernels use 64-128 (_causal_share)
+ATTENTION_TILE = 128  # elements: FlashAttention-2's and cuDNN's sm90 kernels use 64-128 (_tile_share)
 CAUSAL_ARGUMENT = {
     "aten::scaled_dot_product_attention": 5, "aten::_scaled_dot_product_flash_attention": 4,
     "aten::_scaled_dot_product_efficient_attention": 6, "aten::_scaled_dot_product_cudnn_attention": 6,
@@ -217,25 +217,29 @@ CAUSAL_ARGUMENT = {
 }
 
 
-def _causal_share(op: str, payload: dict, l: int, s: int) -> float:
-    """The share of the L x S attention scores a causal mask leaves the kernel to compute: 1 without
-    one. With one (PyTorch's is_causal, aligned top left: query row i sees keys 0..i), the fused
-    kernels skip the key tiles wholly above the diagonal and compute the others whole, so the work
-    is counted in tiles of :data:`ATTENTION_TILE` x :data:`ATTENTION_TILE`: about half for long
-    sequences, all of it for one tile. Measured by Nsight Compute on the H200 (cuDNN's sm90 flash
+def _tile_share(op: str, payload: dict, l: int, s: int) -> float:
+    """The attention work a fused kernel executes, as a share of the L x S scores: it computes whole
+    tiles of :data:`ATTENTION_TILE` x :data:`ATTENTION_TILE` (a sequence not a multiple of the tile
+    is padded: more than 1), and with a causal mask (PyTorch's is_causal, aligned top left: query
+    row i sees keys 0..i) it skips the key tiles wholly above the diagonal (about half for long
+    sequences, all of it for one tile). Measured by Nsight Compute on the H200 (cuDNN's sm90 flash
     kernel, tests/fixtures/roofline48): 0.63 of the full FLOPs for a causal 512-token pass (this
-    gives 0.625), 1.0 for a 128-token prefill (1.0); exactly half would be 0.50 for both."""
+    gives 0.625), 1.0 for a causal 128-token prefill (1.0; exactly half would be 0.50 for both), and
+    1.71 for ViT-S's 197 tokens without a mask (this gives (256/197)^2 = 1.69; compiled/vit_compiled)."""
+    if l <= 0 or s <= 0:
+        return 1.0
     args = payload.get("in", [])
     kwargs = args[-1] if args and isinstance(args[-1], dict) else {}
     at = CAUSAL_ARGUMENT.get(op, -1)
     flag = args[at] if 0 <= at < len(args) - bool(kwargs) else kwargs.get("is_causal", kwargs.get("custom_mask_type"))
-    if not (flag is True or (type(flag) is int and flag > 0)) or l <= 0 or s <= 0:
-        return 1.0
     t = ATTENTION_TILE
     q_tiles, k_tiles = -(-int(l) // t), -(-int(s) // t)
-    # query tile i needs the key tiles up to the one holding key (i + 1) * t - 1
-    needed = sum(min(i + 1, k_tiles) for i in range(q_tiles))
-    return needed / (q_tiles * k_tiles)
+    if flag is True or (type(flag) is int and flag > 0):
+        # query tile i needs the key tiles up to the one holding key (i + 1) * t - 1
+        tiles = sum(min(i + 1, k_tiles) for i in range(q_tiles))
+    else:
+        tiles = q_tiles * k_tiles
+    return tiles * t * t / (float(l) * float(s))
 
 
 def _grouped_mm_flop(a: list[int], b: list[int], out: list[int]) -> float:
