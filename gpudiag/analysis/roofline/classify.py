@@ -50,7 +50,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analysis.roofline.attention_products import attention_products
-from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, op_cost
+from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, SDPA_PREFIXES, op_cost
 from gpudiag.analysis.attribution.families import COMMUNICATION, CONTRACTION_FAMILIES, families, per_distinct
 from gpudiag.analysis.roofline.kernel_precision import simt_math_path
 from gpudiag.analysis.roofline.peaks import DevicePeaks
@@ -138,7 +138,8 @@ def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Se
     op_bytes = np.array([c.bytes if c else np.nan for c in costs])
     # the part of a contraction's output that the L2 still holds when its kernel ends (module docstring)
     kept = np.clip(L2_SHARE * l2_bytes - (op_bytes - out_bytes), 0.0, out_bytes) if np.isfinite(l2_bytes) else 0.0
-    kept = np.where(texts["op"].isin(CONTRACTION_OPS).to_numpy(), kept, 0.0)
+    tensor_core_op = texts["op"].isin(CONTRACTION_OPS) | texts["op"].astype(str).str.startswith(SDPA_PREFIXES)
+    kept = np.where(tensor_core_op.to_numpy(), kept, 0.0)
     texts = texts.assign(flop=[c.flop if c else np.nan for c in costs], bytes=op_bytes - kept,
                          math_path=[c.math_path if c else None for c in costs])
     per_call = calls.merge(texts, on=["op", "op_args"]).dropna(subset=["math_path"]).set_index("op_call")
@@ -154,8 +155,11 @@ def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Se
             if "name" in kernels else np.full(len(k), np.nan))
     padded = np.where(np.isfinite(step) & (joined["k"].to_numpy() > 0),
                       np.ceil(joined["k"].to_numpy() / step) * step / joined["k"].to_numpy(), 1.0)
+    # a contraction's operands are its GEMM's traffic, as its FLOPs are: a split-K reduction launched
+    # by the same call gets neither (classed by its name), nor does a cast
+    byte_share = flop_share.where(call_has_contraction & joined["op"].isin(CONTRACTION_OPS), share)
     return pd.DataFrame({"flop": joined["flop"] * flop_share.fillna(0.0) * padded,
-                         "bytes": joined["bytes"] * share.fillna(1.0), "math_path": joined["math_path"]}).dropna(subset=["math_path"])
+                         "bytes": joined["bytes"] * byte_share.fillna(1.0), "math_path": joined["math_path"]}).dropna(subset=["math_path"])
 
 
 def _instance_index(config_key: pd.Series, step: pd.Series) -> pd.MultiIndex:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, op_cost
+from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, SDPA_PREFIXES, op_cost
 from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES
 from conftest import status_of
 from step_oracles import copies_by_step
@@ -114,15 +114,17 @@ def _output_bytes(args: str) -> float:
 
 def _shape_costs_by_hand(detail: pd.DataFrame, l2_bytes: float) -> dict[int, tuple[float, float, str]]:
     """kernel_id -> (flop, bytes, math_path) of the detail step's kernels: each op call's cost
-    shared by duration; a contraction's FLOPs go to its GEMM/conv/attention kernels only; a
-    contraction's output is not DRAM traffic as far as half of ``l2_bytes`` holds it beside the
-    inputs (it stays in the L2); a GEMM kernel computes K rounded up to its name's K step."""
+    shared by duration; a contraction's FLOPs and bytes go to its GEMM/conv/attention kernels only; a
+    contraction's or an attention op's output is not DRAM traffic as far as half of ``l2_bytes`` holds
+    it beside the inputs (it stays in the L2); a GEMM kernel computes K rounded up to its name's K step."""
     out = {}
     for _, call in detail[detail["op_call"] >= 0].groupby("op_call"):
         cost = op_cost(call["op"].iloc[0], call["op_args"].iloc[0])
         if cost is None or cost.math_path is None:
             continue
-        written = _output_bytes(call["op_args"].iloc[0]) if call["op"].iloc[0] in CONTRACTION_OPS else np.inf
+        op = call["op"].iloc[0]
+        on_tensor_cores = op in CONTRACTION_OPS or op.startswith(SDPA_PREFIXES)
+        written = _output_bytes(call["op_args"].iloc[0]) if on_tensor_cores else np.inf
         # the part of the output half the L2 still holds beside the inputs (classify's module docstring)
         kept = min(max(0.5 * l2_bytes - (cost.bytes - written), 0.0), written) if np.isfinite(written) and np.isfinite(l2_bytes) else 0.0
         nbytes = cost.bytes - kept
@@ -131,11 +133,11 @@ def _shape_costs_by_hand(detail: pd.DataFrame, l2_bytes: float) -> dict[int, tup
         contraction_ns = call.loc[contraction, "duration_ns"].sum()
         for row, is_contraction in zip(call.itertuples(), contraction):
             share = row.duration_ns / total if total else 1.0
-            if call["op"].iloc[0] in CONTRACTION_OPS and contraction_ns > 0:
-                flop_share = row.duration_ns / contraction_ns if is_contraction else 0.0
+            if op in CONTRACTION_OPS and contraction_ns > 0:  # FLOPs and operands are the GEMM's
+                flop_share = byte_share = row.duration_ns / contraction_ns if is_contraction else 0.0
             else:
-                flop_share = share if total else 0.0
-            out[row.kernel_id] = (cost.flop * flop_share * _k_padding(cost.k, row.name), nbytes * share, cost.math_path)
+                flop_share, byte_share = (share if total else 0.0), share
+            out[row.kernel_id] = (cost.flop * flop_share * _k_padding(cost.k, row.name), nbytes * byte_share, cost.math_path)
     return out
 
 
