@@ -13,13 +13,15 @@ replace it. Rules, in order:
    ``ncu``): measured FLOPs (all precisions, tensor cores included) and DRAM bytes give the
    arithmetic intensity, held against the ridge of the math path the kernel used.
    With shapes (evidence ``shapes``): the FLOPs and bytes of the aten op that launched the kernel
-   on the detail step (:mod:`gpudiag.analysis.roofline.costmodel`), shared among that op call's kernels in
-   proportion to their durations, give the arithmetic intensity; at or above the ridge point of
+   on the detail step (:mod:`gpudiag.analysis.roofline.costmodel`), or of the contraction its compiled
+   graph's call site recorded (Inductor's traced shapes, :func:`_op_calls`), shared among that op call's
+   kernels in proportion to their durations (a contraction's FLOPs and bytes among its GEMM, convolution
+   and attention kernels only), give the arithmetic intensity; at or above the ridge point of
    the op's math path it is compute-bound, below it bandwidth-bound. Other instances of the same
    kernel name and launch configuration inherit the detail step's numbers. The roof is fp32's
    where the kernel's name shows SIMT execution (a bf16 convolution cuDNN runs as an ``sgemm``),
    whatever the op's precision (``math_path``, which the precision rules read). The part of a
-   contraction's output that :data:`L2_SHARE` of the L2 (the export's ``l2CacheSize``) holds beside
+   contraction's (or attention op's) output that :data:`L2_SHARE` of the L2 (the export's ``l2CacheSize``) holds beside
    its inputs is not DRAM traffic of its kernel: the L2 is write-back and that part is still in it
    when the kernel ends, as Nsight Compute counts it (a 4096x1024x256 bf16 GEMM on the H200: 8.9 MB
    of DRAM bytes, its inputs, against 11.0 MB with its 2.1 MB output; tests/fixtures/roofline48/
@@ -118,11 +120,12 @@ def _op_calls(attribution: pd.DataFrame) -> pd.DataFrame:
 def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Series,
                  l2_bytes: float = float("nan")) -> pd.DataFrame:
     """flop, bytes and math_path per kernel instance that an op call with recorded shapes launched.
-    An op call's bytes are shared among its kernels by duration; a contraction's FLOPs go to its
-    contraction-family kernels only (a split-K reduction or a cast launched by the same call does
-    not do the multiply-adds), times the padding of K to the kernel's K step. Of a contraction op's
-    output, the part that ``L2_SHARE`` x ``l2_bytes`` holds beside its inputs is left out of its
-    bytes (module docstring; NaN: the L2 size is unknown, every output counts)."""
+    An op call's bytes are shared among its kernels by duration; a contraction's FLOPs and bytes go to
+    its contraction-family kernels only (a split-K reduction or a cast launched by the same call does
+    not do the multiply-adds, and the operands are the GEMM's traffic), the FLOPs times the padding of
+    K to the kernel's K step. Of a contraction's or attention op's output, the part that ``L2_SHARE`` x
+    ``l2_bytes`` holds beside its inputs is left out of its bytes (module docstring; NaN: the L2 size
+    is unknown, every output counts)."""
     # .array: the text columns as they are, not as Python objects (to_numpy)
     k = pd.DataFrame({"duration_ns": kernels["duration_ns"].to_numpy(), "op": attribution["op"].array,
                       "op_args": attribution["op_args"].array, "op_call": attribution["op_call"].to_numpy(),
