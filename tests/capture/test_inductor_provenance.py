@@ -427,8 +427,8 @@ def test_extern_matmuls_record_their_shapes(run):
 
 def test_compiled_matmuls_get_shape_costs(run):
     """The analysis gives a compiled graph's GEMM kernels their call site's FLOPs (2 M N K, from the
-    oracle's shapes), as eager op calls get theirs: evidence "shapes"; an extern call launched as a
-    GEMM and a split-K reduction shares its bytes by duration, the FLOPs go to the GEMM."""
+    oracle's shapes), as eager op calls get theirs: evidence "shapes"; of an extern call launched as a
+    GEMM and a split-K reduction, the GEMM takes the FLOPs and the bytes (the operands are its traffic)."""
     from gpudiag.analysis.roofline.classify import classify
     from gpudiag.analysis.roofline.peaks import DevicePeaks
 
