@@ -24,7 +24,7 @@ import time
 import traceback
 
 from gpudiag.capture import rank_hook
-from gpudiag.capture.window import WindowComplete
+from gpudiag.capture.window import WindowComplete, release_process_group
 from gpudiag.script_status import ScriptStatus
 
 
@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     except WindowComplete as exc:  # the step window is complete: the script was ended on purpose
         code = 0
         status.update(stopped_after_window=exc.steps)
+        release_process_group()
     except SystemExit as exc:
         code = _exit_code(exc)
     except KeyboardInterrupt:  # Ctrl-C, or gpudiag profile passing one on: the capture stops here

@@ -150,6 +150,7 @@ def install_from_environment() -> None:
     """In a worker: install the instrumentation with the launcher's config and write this rank's
     status at exit. Raises ValueError for a bad config (the hook reports it and runs on)."""
     from gpudiag.capture import frameworks, instrument, trial_changes
+    from gpudiag.capture.window import release_process_group
 
     config = instrument.CaptureConfig.from_json(os.environ.pop(ENV_CONFIG))
     status_dir = os.environ.pop(ENV_STATUS_DIR, None)
@@ -184,6 +185,8 @@ def install_from_environment() -> None:
             with open(path + ".tmp", "w", encoding="utf-8") as f:  # whole or not at all, as the launcher's
                 json.dump(status.to_json(), f, indent=1)
             os.replace(path + ".tmp", path)
+        if state.window.closed and not config.run_to_end:  # gpudiag ended this rank's script
+            release_process_group()
 
     atexit.register(write)
 
