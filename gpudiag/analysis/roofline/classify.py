@@ -21,8 +21,8 @@ replace it. Rules, in order:
    kernel name and launch configuration inherit the detail step's numbers. The roof is fp32's
    where the kernel's name shows SIMT execution (a bf16 convolution cuDNN runs as an ``sgemm``),
    whatever the op's precision (``math_path``, which the precision rules read). The part of a
-   contraction's (or attention op's) output that :data:`L2_SHARE` of the L2 (the export's ``l2CacheSize``) holds beside
-   its inputs is not DRAM traffic of its kernel: the L2 is write-back and that part is still in it
+   contraction's (or attention op's) output that :data:`L2_SHARE` of the L2 (the export's
+   ``l2CacheSize``) holds beside its inputs is not DRAM traffic of its kernel: the L2 is write-back and that part is still in it
    when the kernel ends, as Nsight Compute counts it (a 4096x1024x256 bf16 GEMM on the H200: 8.9 MB
    of DRAM bytes, its inputs, against 11.0 MB with its 2.1 MB output; tests/fixtures/roofline48/
    decoder). Larger outputs are partly written back: GPT-2's 37.7 MB attention scores beside 11.8
