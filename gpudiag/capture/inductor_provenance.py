@@ -142,7 +142,9 @@ def _origin_nodes(node_schedule, is_extern: bool) -> list:
 
 def _described(value):
     """JSON-able form of one FX argument, as the op ranges describe aten arguments (``"bfloat16[8,16]"``
-    for a tensor; numbers, booleans and None as they are); None for a tensor of symbolic shape."""
+    for a tensor; numbers, booleans and None as they are); None for a tensor of symbolic shape. Not
+    :func:`gpudiag.capture.op_ranges.describe_value`: a traced value has no storage (its address reads
+    0, with a warning in the user's process) and may have symbolic sizes."""
     import torch.fx
 
     if isinstance(value, torch.fx.Node):

@@ -238,8 +238,6 @@ def site_cost(match: Match, sites: list[dict]) -> tuple[int, str, str]:
     (-1, "", "") otherwise (a coarse match could be another site's launch)."""
     if match.how not in ("name", "order") or len(match.sites) != 1:
         return -1, "", ""
-    if sites[match.sites[0]].get("kind") not in ("extern", "template"):
-        return -1, "", ""  # a kernel fused around a contraction (its cast, its epilogue) does not compute it
     cost = sites[match.sites[0]].get("cost")
     if not isinstance(cost, dict) or not isinstance(cost.get("op"), str):
         return -1, "", ""

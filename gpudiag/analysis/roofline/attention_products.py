@@ -23,8 +23,8 @@ is not a product everywhere: GPT-2's ``Q K^T`` kernel also runs an MLP GEMM of i
 compute-bound by its shapes) 19-42 launches from any softmax, behind the attention projections' GEMMs.
 
 Left out: GEMMs with a bias epilogue (a Linear layer: attention products have none), fp32 SIMT GEMMs
-(their ridge, ~14 FLOP/byte, is under the bound), and softmaxes that are not attention's: log-softmax (a loss), and any with fewer than
-:data:`ROWS_PER_ELEMENT` rows per row element (a classifier head's softmax over its classes; attention
+(their ridge, ~14 FLOP/byte, is under the bound), and softmaxes that are not attention's: log-softmax
+(a loss), and any with fewer than :data:`ROWS_PER_ELEMENT` rows per row element (a classifier head's softmax over its classes; attention
 has ``batch x heads`` rows per key position).
 
 Measured on the issue 48 fixtures (ncu on an H200, 2026-11-29; docs/roofline_gemm.md): DeBERTa (the
