@@ -18,6 +18,12 @@ import pandas as pd
 
 FAMILY_PATTERNS: tuple[tuple[str, str], ...] = (
     ("communication", r"nccl|msccl|nvshmem|cross_device_reduce|(?:one|two)_shot_all_reduce|multimem_all_(?:reduce|gather)"),
+    # An attention backward's helpers (FlashAttention-2's flash_bwd_dot_do_o_kernel and
+    # flash_bwd_convert_dq_kernel; cuDNN's compute_dot_do_o_specialized, convert_dq_to_16bits and
+    # fmha_reduce_head): rowsum(dO * O), the fp32 dQ cast to 16 bits, a sum over grouped heads.
+    # None does the attention's matrix products (bandwidth-bound by ncu: tests/fixtures/roofline48/compiled/vit_compiled)
+    ("reduce", r"dot_do_o|reduce_head"),
+    ("copy", r"convert_dq"),
     ("attention", r"flash|fmha|attention|sdpa|mha_|_attn"),
     ("conv", r"conv(olution|_|\d)|implicit_gemm|winograd|fprop|dgrad|wgrad"),
     # cuBLASLt's split-K reduction sums the partial products a split-K GEMM wrote: no multiply-add of

@@ -15,8 +15,8 @@ replace it. Rules, in order:
    With shapes (evidence ``shapes``): the FLOPs and bytes of the aten op that launched the kernel
    on the detail step (:mod:`gpudiag.analysis.roofline.costmodel`), or of the contraction its compiled
    graph's call site recorded (Inductor's traced shapes, :func:`_op_calls`), shared among that op call's
-   kernels in proportion to their durations (a contraction's FLOPs and bytes among its GEMM, convolution
-   and attention kernels only), give the arithmetic intensity; at or above the ridge point of
+   kernels in proportion to their durations (a contraction's or attention op's FLOPs and bytes among its
+   GEMM, convolution and attention kernels only), give the arithmetic intensity; at or above the ridge point of
    the op's math path it is compute-bound, below it bandwidth-bound. Other instances of the same
    kernel name and launch configuration inherit the detail step's numbers. The roof is fp32's
    where the kernel's name shows SIMT execution (a bf16 convolution cuDNN runs as an ``sgemm``),
@@ -120,8 +120,8 @@ def _op_calls(attribution: pd.DataFrame) -> pd.DataFrame:
 def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Series,
                  l2_bytes: float = float("nan")) -> pd.DataFrame:
     """flop, bytes and math_path per kernel instance that an op call with recorded shapes launched.
-    An op call's bytes are shared among its kernels by duration; a contraction's FLOPs and bytes go to
-    its contraction-family kernels only (a split-K reduction or a cast launched by the same call does
+    An op call's bytes are shared among its kernels by duration; a contraction's or attention op's FLOPs
+    and bytes go to its contraction-family kernels only (a split-K reduction or a cast launched by the same call does
     not do the multiply-adds, and the operands are the GEMM's traffic), the FLOPs times the padding of
     K to the kernel's K step. Of a contraction's or attention op's output, the part that ``L2_SHARE`` x
     ``l2_bytes`` holds beside its inputs is left out of its bytes (module docstring; NaN: the L2 size
@@ -151,16 +151,20 @@ def _shape_costs(kernels: pd.DataFrame, attribution: pd.DataFrame, family: pd.Se
     joined.index = k.index
     flop_weight = k["duration_ns"].where(k["contraction"], 0.0)
     call_has_contraction = flop_weight.groupby(k["op_call"]).transform("sum") > 0
+    # a matmul, convolution or attention op: its multiply-adds are done by its contraction kernels
+    contraction_call = call_has_contraction & (joined["op"].isin(CONTRACTION_OPS)
+                                               | joined["op"].astype(str).str.startswith(SDPA_PREFIXES))
     flop_share = (flop_weight / flop_weight.groupby(k["op_call"]).transform("sum").replace(0, np.nan)).where(
-        call_has_contraction & joined["op"].isin(CONTRACTION_OPS), share)
+        contraction_call, share)
     # the kernel computes K rounded up to its tile's K step (tiles.gemm_k_step): so many FLOPs it executes
     step = (per_distinct(kernels["name"].reset_index(drop=True), gemm_k_step, np.nan, float)[k.index.to_numpy()]
             if "name" in kernels else np.full(len(k), np.nan))
     padded = np.where(np.isfinite(step) & (joined["k"].to_numpy() > 0),
                       np.ceil(joined["k"].to_numpy() / step) * step / joined["k"].to_numpy(), 1.0)
     # a contraction's operands are its GEMM's traffic, as its FLOPs are: a split-K reduction launched
-    # by the same call gets neither (classed by its name), nor does a cast
-    byte_share = flop_share.where(call_has_contraction & joined["op"].isin(CONTRACTION_OPS), share)
+    # by the same call gets neither (classed by its name), nor does a cast, nor an attention backward's
+    # dot(dO, O) or dQ cast (families.py)
+    byte_share = flop_share.where(contraction_call, share)
     return pd.DataFrame({"flop": joined["flop"] * flop_share.fillna(0.0) * padded,
                          "bytes": joined["bytes"] * byte_share.fillna(1.0), "math_path": joined["math_path"]}).dropna(subset=["math_path"])
 

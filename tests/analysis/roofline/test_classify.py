@@ -48,6 +48,14 @@ def test_families_do_not_match_lambda_or_convert():
     assert family_of("nvjet_sm90_tst_192x192_64x4_1x2_h_bz_coopB_bias_TNN") == "gemm"
     assert family_of("void convert_layout_kernel<float>") != "conv"
     assert family_of("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>") == "optimizer"
+    # an attention backward's helpers are not attention's matrix products (families.py)
+    assert family_of("void cudnn::fusion::compute_dot_do_o_specialized<(bool)1, (int)64>(const void *)") == "reduce"
+    assert family_of("void cudnn::fusion::convert_dq_to_16bits<(bool)1>(const void *, void *)") == "copy"
+    assert family_of("void cudnn::fusion::fmha_reduce_head<(bool)1>(const void *)") == "reduce"
+    assert family_of("void flash_bwd_dot_do_o_kernel<true, Flash_bwd_kernel_traits<64>>(Flash_bwd_params)") == "reduce"
+    assert family_of("void flash_bwd_convert_dq_kernel<Flash_bwd_kernel_traits<64>>(Flash_bwd_params, int)") == "copy"
+    assert family_of("void flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64>>(Flash_bwd_params)") == "attention"
+    assert family_of("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_3_64x64x64") == "attention"
     assert kernel_label(lam, "reduce_kernel") == "reduce_kernel · fp32"
 
 

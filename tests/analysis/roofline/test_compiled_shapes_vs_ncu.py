@@ -61,8 +61,9 @@ def test_compiled_classes_agree_with_nsight_compute(compared):
     """Time-weighted class agreement over the launches whose pairing compares the same work (estimated
     FLOPs within 10 % of ncu's: a configuration shared by GEMMs of different K is paired by ordinal,
     and the ncu run launched some of them with other kernels): Triton templates and GPT-2 100 %,
-    ViT-S 92.9 %, its one miss cuDNN's attention forward over 197 tokens, 2 % above the bf16 ridge by
-    ncu (211 against 206 FLOP/byte; 176 from its shapes: ncu reads 31 MB of DRAM, the shapes 36.6 MB)."""
+    ViT-S 96.1 %, its one miss cuDNN's attention forward over 197 tokens, 2 % above the bf16 ridge by
+    ncu (211 against 206 FLOP/byte; 176 from its shapes: ncu reads 31 MB of DRAM, the shapes 36.6 MB).
+    (92.9 % while the attention backward's helper kernels took a share of its FLOPs.)"""
     name, both = compared
     both = both[~(both["kernel_class_est"].eq("overhead") & both["kernel_class_ncu"].eq("overhead"))]
     contraction = both["family_est"].isin(CONTRACTION_FAMILIES)
@@ -70,7 +71,27 @@ def test_compiled_classes_agree_with_nsight_compute(compared):
     b = both[same_work]
     agree = b["kernel_class_est"] == b["kernel_class_ncu"]
     percent = 100 * float(b.loc[agree, "duration_ns_est"].sum() / b["duration_ns_est"].sum())
-    assert percent >= {"vit_compiled": 92.0}.get(name, 99.9), (name, percent, b.loc[~agree, "name_est"].unique())
+    assert percent >= {"vit_compiled": 96.0}.get(name, 99.9), (name, percent, b.loc[~agree, "name_est"].unique())
     kept = both.loc[contraction & same_work, "duration_ns_est"].sum() / both.loc[contraction, "duration_ns_est"].sum()
     # the filter leaves most of the contraction time compared (ViT-S 0.80, GPT-2 0.89, Triton 1.0)
     assert kept > 0.75, kept
+
+
+def test_an_attention_backward_s_helpers_do_none_of_its_matrix_products(compared):
+    """cuDNN's attention backward launches, beside its main kernel, rowsum(dO * O)
+    (``compute_dot_do_o_specialized``) and the cast of its fp32 dQ (``convert_dq_to_16bits``): ncu
+    measures both bandwidth-bound (ViT-S: 0.5 and 0 FLOP/byte). They get none of the op's FLOPs or
+    operand bytes (families ``reduce`` and ``copy``), and the main kernel all of them: GPT-2's
+    backward 9.06 GFLOP against ncu's 9.22 (it had 7.76, a duration share, when the helpers took theirs)."""
+    name, both = compared
+    helpers = both[both["name_est"].str.contains("dot_do_o|convert_dq")]
+    main = both[both["name_est"].str.contains("sdpa_sm90_flash_bprop")]
+    if helpers.empty and main.empty:
+        pytest.skip(f"{name}: no attention backward among the launches ncu replayed")
+    assert (helpers["flop_est"].fillna(0) == 0).all() and helpers["kernel_class_est"].isin(["bandwidth", "overhead"]).all()
+    assert helpers["kernel_class_ncu"].isin(["bandwidth", "overhead"]).all()
+    if not main.empty:
+        err = (main["flop_est"] / main["flop_ncu"] - 1).abs()
+        assert err.max() < 0.03, err.describe()
+        assert (main["kernel_class_est"] == main["kernel_class_ncu"]).all()
+
