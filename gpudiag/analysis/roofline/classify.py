@@ -11,7 +11,9 @@ replace it. Rules, in order:
    kernel's own time, so eager mode cannot keep the GPU busy).
 2. with Nsight Compute measurements of the same kernel name and launch configuration (evidence
    ``ncu``): measured FLOPs (all precisions, tensor cores included) and DRAM bytes give the
-   arithmetic intensity, held against the ridge of the math path the kernel used.
+   arithmetic intensity, held against the ridge of the math path the kernel used. A row goes to the
+   launches of its configuration it measured, aligned in order and by duration
+   (:mod:`gpudiag.analysis.roofline.ncu_pairing`); a launch no row measured keeps its other evidence.
    With shapes (evidence ``shapes``): the FLOPs and bytes of the aten op that launched the kernel
    on the detail step (:mod:`gpudiag.analysis.roofline.costmodel`), or of the contraction its compiled
    graph's call site recorded (Inductor's traced shapes, :func:`_op_calls`), shared among that op call's
@@ -55,6 +57,7 @@ from gpudiag.analysis.roofline.attention_products import attention_products
 from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, SDPA_PREFIXES, op_cost
 from gpudiag.analysis.attribution.families import COMMUNICATION, CONTRACTION_FAMILIES, families, per_distinct
 from gpudiag.analysis.roofline.kernel_precision import simt_math_path
+from gpudiag.analysis.roofline.ncu_pairing import pair_rows
 from gpudiag.analysis.roofline.peaks import DevicePeaks
 from gpudiag.analysis.roofline.tiles import BASES, BASIS_CONFIDENCE, gemm_k_step, heuristic_basis
 
@@ -233,8 +236,8 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
     # evidence and class as codes into EVIDENCE / CLASSES, turned into text once at the end (_text)
     evidence = np.where(out["math_path"].notna(), 1, 0).astype(np.int8)
     if ncu is not None and not ncu.empty:
-        # Measured FLOPs and DRAM bytes win over estimates. ncu replays the detail step's launches in
-        # order, so its n-th row of a configuration is the n-th launch of it in every step.
+        # Measured FLOPs and DRAM bytes win over estimates: each ncu row goes to the launches of its
+        # configuration that it measured (ncu_pairing: aligned in order and by duration).
         measured, values = _ncu_rows_by_instance(ncu)
         if not measured.empty:
             keys = kernels[CONFIG_COLUMNS].astype({c: float for c in CONFIG_COLUMNS[1:]}).fillna(-1)
@@ -243,12 +246,13 @@ def classify(kernels: pd.DataFrame, attribution: pd.DataFrame, peaks: DevicePeak
             ncu_config = ncu_keys.merge(known, on=CONFIG_COLUMNS, how="left")["config_key"]
             matched = ncu_config.notna().to_numpy()
             if matched.any():
-                cfg = pd.Series(ncu_config[matched].astype(int).to_numpy())
-                ncu_instance = pd.MultiIndex.from_arrays([cfg.to_numpy(), cfg.groupby(cfg).cumcount().to_numpy()])
-                spread = _spread(values[matched], ncu_instance, instance, config_key)  # _spread sets the index
-                hit = spread["math_path"].notna().to_numpy()
-                out.loc[hit, ["flop", "bytes"]] = spread.loc[hit, ["flop", "bytes"]].to_numpy()
-                out.loc[hit, "math_path"] = spread.loc[hit, "math_path"].to_numpy()
+                row_ns = measured["duration_ns"] if "duration_ns" in measured else pd.Series(np.nan, index=measured.index)
+                row = pair_rows(config_key.to_numpy(), instance.get_level_values(1).to_numpy(), dur,
+                                ncu_config[matched].astype(int).to_numpy(), row_ns[matched].to_numpy(float))
+                hit = row >= 0
+                paired = values[matched].iloc[row[hit]]
+                out.loc[hit, ["flop", "bytes"]] = paired[["flop", "bytes"]].to_numpy()
+                out.loc[hit, "math_path"] = paired["math_path"].to_numpy()
                 evidence[hit] = 2
     has_shapes = out["math_path"].notna().to_numpy()
     out["intensity"] = out["flop"] / out["bytes"].replace(0, np.nan)

@@ -116,7 +116,7 @@ def heuristic_basis(names: pd.Series, family: pd.Series, attention_product: np.n
 
 # Per basis (BASES order): the share of kernel time on which a class resting on it agreed with
 # Nsight Compute over the committed ncu fixtures of issue 48 (ten workloads; benchmarks/roofline_accuracy.py
-# --by-basis; docs/roofline_gemm.md, H200, 2026-11-29). A prior, not a probability for one kernel.
-# family 305.9 ms, small tile 1.1 ms, large tile 36.8 ms, no tile 31.3 ms, depthwise 1.9 ms,
-# attention product 14.9 ms
-BASIS_CONFIDENCE = [0.996, 1.0, 0.845, 0.965, 1.0, 1.0]
+# --by-basis; docs/roofline_gemm.md, H200, 2026-11-29; ncu rows paired by ncu_pairing). A prior, not a
+# probability for one kernel. family 303.9 ms, small tile 1.1 ms, large tile 34.5 ms, no tile 31.3 ms,
+# depthwise 1.9 ms, attention product 14.9 ms
+BASIS_CONFIDENCE = [0.996, 1.0, 0.834, 0.965, 1.0, 1.0]
