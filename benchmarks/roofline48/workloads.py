@@ -8,7 +8,8 @@ Names: conv (torchvision EfficientNet-B0 training, bf16 autocast, channels-last)
 DeBERTa-v2 training, bf16), decoder (transformers Llama training step, bf16), decode (transformers
 Llama greedy generate, bf16, dynamic cache), moe (transformers Mixtral training step, bf16: top-2 of 8
 experts), grouped (torch._grouped_mm over 8 experts, forward and backward, bf16), decoder_eager (the
-decoder with eager attention: explicit matmul + softmax, no biases), triton_gemm (an MLP of Linear
+decoder with eager attention: explicit matmul + softmax, no biases), bert_sdpa and gpt2_sdpa (2-layer BERT MLM
+and GPT-2 LM training with SDPA attention, bf16), triton_gemm (an MLP of Linear
 layers compiled with max-autotune and Triton as its only GEMM backend, bf16: Triton template GEMMs,
 large-K and small-K, with fused epilogues), bert_eager and gpt2_eager (transformers BERT MLM and GPT-2 LM
 training, bf16, eager attention: held out for the attention-product rule), vit_compiled (timm ViT-S/16
@@ -106,6 +107,23 @@ def gpt2_eager():
     return _hf_train(GPT2LMHeadModel(cfg).cuda(), torch.randint(0, 50257, (8, 512), device="cuda"))
 
 
+def bert_sdpa():
+    """BERT MLM training, 2 layers, SDPA attention (cuDNN's flash kernels and their backward helpers):
+    held out for the attention-backward helper rule and the ncu pairing (2026-11-29), small enough that
+    `gpudiag profile --ncu` replays a whole step."""
+    from transformers import BertConfig, BertForMaskedLM
+    cfg = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=2, num_attention_heads=12,
+                     intermediate_size=3072, attn_implementation="sdpa")
+    return _hf_train(BertForMaskedLM(cfg).cuda(), torch.randint(0, 30522, (16, 256), device="cuda"))
+
+
+def gpt2_sdpa():
+    """GPT-2 LM training, 2 layers, SDPA attention (causal, with dropout): held out likewise."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_layer=2, n_embd=768, n_head=12, n_positions=1024, attn_implementation="sdpa")
+    return _hf_train(GPT2LMHeadModel(cfg).cuda(), torch.randint(0, 50257, (8, 512), device="cuda"))
+
+
 def triton_gemm():
     import torch._inductor.config as inductor
     from torch import nn
@@ -185,7 +203,7 @@ def grouped():
 
 WORKLOADS = {f.__name__: f for f in (conv, swinv2, encoder, decoder, decode, moe, grouped, decoder_eager, vit_compiled,
                                      gpt2_compiled,
-                                     triton_gemm, bert_eager, gpt2_eager)}
+                                     triton_gemm, bert_eager, gpt2_eager, bert_sdpa, gpt2_sdpa)}
 
 
 def main() -> None:
