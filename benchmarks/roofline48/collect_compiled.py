@@ -5,6 +5,7 @@ ranges; scrubbed), ``compiled/NAME/ncu_truth.csv.xz`` (its Nsight Compute report
 (the launcher's status with Inductor's call sites and their shapes; scrubbed).
 
     python benchmarks/roofline48/collect_compiled.py OUT -o tests/fixtures/roofline48 --names triton_gemm,vit_compiled
+    python benchmarks/roofline48/collect_compiled.py OUT -o tests/fixtures/roofline48 --names bert_sdpa,gpt2_sdpa --into profiled
 """
 
 from __future__ import annotations
@@ -19,17 +20,17 @@ from gpudiag.sources import scrub
 import collect as plain  # benchmarks/roofline48/collect.py
 
 
-def collect(out: Path, name: str, dest: Path) -> None:
+def collect(out: Path, name: str, dest: Path, into: str = "compiled") -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / name
         folder.mkdir()
         with tarfile.open(out / f"{name}.tar.xz") as tar:
             tar.extractall(folder, filter="data")
-        plain.collect(folder, dest / "compiled")
+        plain.collect(folder, dest / into)
         status = scrub.scrub_text((folder / "script_status.json").read_text())
-        (dest / "compiled" / name / "script_status.json").write_text(status)
+        (dest / into / name / "script_status.json").write_text(status)
     if (out / f"{name}.log").exists():
-        (dest / "compiled" / name / "profile.log").write_text(scrub.scrub_text((out / f"{name}.log").read_text(errors="replace")))
+        (dest / into / name / "profile.log").write_text(scrub.scrub_text((out / f"{name}.log").read_text(errors="replace")))
 
 
 def main() -> None:
@@ -37,9 +38,10 @@ def main() -> None:
     p.add_argument("out", type=Path)
     p.add_argument("-o", "--dest", type=Path, required=True)
     p.add_argument("--names", default="triton_gemm,vit_compiled")
+    p.add_argument("--into", default="compiled", help="the fixtures' subfolder (eager runs: profiled)")
     a = p.parse_args()
     for name in a.names.split(","):
-        collect(a.out, name, a.dest)
+        collect(a.out, name, a.dest, a.into)
 
 
 if __name__ == "__main__":

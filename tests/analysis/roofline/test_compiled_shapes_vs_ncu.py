@@ -21,13 +21,16 @@ from gpudiag.analysis.attribution.families import CONTRACTION_FAMILIES
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import roofline_accuracy  # noqa: E402
 
-COMPILED = ROOT / "tests" / "fixtures" / "roofline48" / "compiled"
-NAMES = ("triton_gemm", "vit_compiled", "gpt2_compiled")
+FIXTURES = ROOT / "tests" / "fixtures" / "roofline48"
+# compiled/: torch.compile'd workloads; profiled/: eager SDPA workloads captured the same way afterwards,
+# held out for the attention-backward helpers and the ncu pairing (2-layer BERT MLM and GPT-2, 2026-11-29)
+RUNS = {"triton_gemm": "compiled", "vit_compiled": "compiled", "gpt2_compiled": "compiled",
+        "bert_sdpa": "profiled", "gpt2_sdpa": "profiled"}
 
 
-@pytest.fixture(scope="module", params=NAMES)
+@pytest.fixture(scope="module", params=list(RUNS))
 def compared(request):
-    both, _ = roofline_accuracy.compared(COMPILED / request.param)
+    both, _ = roofline_accuracy.compared(FIXTURES / RUNS[request.param] / request.param)
     assert len(both) > 50, request.param
     return request.param, both
 
@@ -46,12 +49,14 @@ def test_every_compiled_contraction_kernel_gets_its_shapes(compared):
 
 def test_compiled_flops_are_the_flops_nsight_compute_counts(compared):
     """The FLOPs from the recorded shapes against ncu's count of the same launch: median error under
-    2 % per fixture (Triton templates 0.0 %, cuBLAS 0.6 %, GPT-2 0.1 %), and every split-K reduction
-    given none (a reduction: ncu counts no tensor FLOPs in it)."""
+    2 % per fixture (Triton templates 0.0 %, cuBLAS 0.6 %, GPT-2 0.1 %, BERT 0.0 %), 5 % on the eager
+    GPT-2 (4.0 %: ncu counts whole tiles of its clustered nvjet weight gradients, 768 rows in 160-wide
+    tiles as 800, x1.04; 2304 in 128-wide tiles in clusters of 4 as 2560, x1.11; gpudiag pads K only), and
+    every split-K reduction given none (a reduction: ncu counts no tensor FLOPs in it)."""
     name, both = compared
     c = _contractions(both)
     err = (c["flop_est"] / c["flop_ncu"] - 1).abs()
-    assert err.median() < 0.02, (name, err.describe())
+    assert err.median() < {"gpt2_sdpa": 0.05}.get(name, 0.02), (name, err.describe())
     reduce = both["name_est"].str.contains("splitKreduce")
     assert (both.loc[reduce, "flop_est"].fillna(0) == 0).all()
 
