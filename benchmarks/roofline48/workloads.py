@@ -124,6 +124,18 @@ def gpt2_sdpa():
     return _hf_train(GPT2LMHeadModel(cfg).cuda(), torch.randint(0, 50257, (8, 512), device="cuda"))
 
 
+def triton_ambiguity():
+    """One Triton GEMM kernel, one config, one grid: K = 64 with an fp32 residual epilogue, and larger K
+    without (triton_ambiguity.py): each step launches every variant once."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from triton_ambiguity import variants
+
+    runs = [run for _, run, _ in variants()]
+    return lambda: [run() for run in runs]
+
+
 def triton_gemm():
     import torch._inductor.config as inductor
     from torch import nn
@@ -203,7 +215,7 @@ def grouped():
 
 WORKLOADS = {f.__name__: f for f in (conv, swinv2, encoder, decoder, decode, moe, grouped, decoder_eager, vit_compiled,
                                      gpt2_compiled,
-                                     triton_gemm, bert_eager, gpt2_eager, bert_sdpa, gpt2_sdpa)}
+                                     triton_gemm, bert_eager, gpt2_eager, bert_sdpa, gpt2_sdpa, triton_ambiguity)}
 
 
 def main() -> None:
