@@ -7,8 +7,8 @@ launched on the same M x N = 8192 x 1024 (so the same grid, block and shared mem
   triton_gemm fixture's widening GEMMs do;
 - ``large_k``: K from --large-k (several), no epilogue, bf16 output.
 
-Prints one JSON object: per variant the kernel's median duration over --repeats launches timed with CUDA
-events after warm-up (ns), its 2MNK FLOPs and the minimum bytes it must move. The nsys export and the ncu
+Prints one JSON object: per variant the kernel's median duration over --repeats batches of back-to-back
+launches timed with CUDA events after warm-up (ns), its 2MNK FLOPs and the minimum bytes it must move. The nsys export and the ncu
 report come from capture.sh's workload ``triton_ambiguity`` (workloads.py: each step launches every variant).
 
     python benchmarks/roofline48/triton_ambiguity.py [--large-k 512,768,1024,1536] [--repeats 50]
@@ -69,7 +69,9 @@ def variants(large_k: str = LARGE_K) -> list:
     return out + [(f"large_k_{k}", *launch(int(k), False)) for k in large_k.split(",")]
 
 
-def median_ns(run, repeats: int) -> float:
+def median_ns(run, repeats: int, batch: int = 20) -> float:
+    """Median over ``repeats`` of the CUDA-event time of ``batch`` back-to-back launches, divided by
+    ``batch`` (ns): one launch between two events would also time Triton's Python launcher (~20 us)."""
     for _ in range(10):
         run()
     torch.cuda.synchronize()
@@ -77,10 +79,11 @@ def median_ns(run, repeats: int) -> float:
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        run()
+        for _ in range(batch):
+            run()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e6)
+        times.append(start.elapsed_time(end) * 1e6 / batch)
     return float(torch.tensor(times).median())
 
 
