@@ -163,3 +163,35 @@ def test_triton_template_gemms_are_gemms_and_compute_bound_where_ncu_says_so():
     compute = tem["measured"].eq("compute").to_numpy()
     assert compute.any() and not basis.loc[compute, "bandwidth"].any()
     assert basis["basis"].eq(BASES.index("no tile")).all()
+
+
+def test_a_triton_gemm_s_export_fields_do_not_decide_its_class(tmp_path):
+    """Why the Triton fixture's small-K GEMMs stay misclassed without shapes (issue 48), shown on the
+    device (benchmarks/roofline48/triton_ambiguity.py, H200, 2026-11-29): one Triton kernel (``gemm``),
+    one config, the same 8192 x 1024 output, launched with K = 64 and an fp32 residual epilogue, and with
+    K = 512 ... 1536 and none. The export gives all of them the same name, grid, block and shared memory;
+    the small-K launch (23 us) runs between the K = 512 and K = 768 launches (21 and 29 us), yet ncu
+    measures it bandwidth-bound (23 FLOP/byte) and them compute-bound (over 800). No rule reading those
+    fields and the duration can class both sides right; only the registers differ (the epilogue's
+    specialization: 151 against 96), which says nothing of K in general."""
+    import sqlite3
+
+    t = truth("triton_ambiguity")
+    db = tmp_path / "p.sqlite"
+    with lzma.open(FIXTURES / "triton_ambiguity" / "profile.sqlite.xz") as f, open(db, "wb") as g:
+        shutil.copyfileobj(f, g)
+    with sqlite3.connect(db) as con:
+        k = pd.read_sql("SELECT gridX, gridY, gridZ, blockX, blockY, blockZ, dynamicSharedMemory AS smem, "
+                        "staticSharedMemory AS static, registersPerThread AS regs, end - start AS ns "
+                        "FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName "
+                        "WHERE s.value = 'gemm' ORDER BY start", con)
+    fields = ["gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "smem", "static"]
+    assert len(k.drop_duplicates(fields)) == 1  # one launch configuration for every variant
+    # each step launches small_k, then K = 512, 768, 1024, 1536 (triton_ambiguity.variants)
+    k["variant"] = np.arange(len(k)) % 5
+    ns = k.groupby("variant")["ns"].median()
+    assert ns[1] < ns[0] < ns[2], ns
+    measured = t["measured"].tolist()
+    assert measured == ["bandwidth", "compute", "compute", "compute", "compute"], t[["flop", "dram_bytes"]]
+    # gpudiag, without shapes, calls the kernel a GEMM and compute-bound: right on four, wrong on one
+    assert families(t["name"]).eq("gemm").all()

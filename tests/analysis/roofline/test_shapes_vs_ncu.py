@@ -56,7 +56,8 @@ def test_shapes_agree_with_ncu_at_least_as_well_as_the_names(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", [n if n not in COMPILED else pytest.param(n, marks=pytest.mark.xfail(
-    strict=True, reason="Triton GEMMs of small K or N: no signal of K in a template's name or grid (issue 48)"))
+    strict=True, reason="Triton GEMMs of small K or N: no signal of K in a template's name, launch or duration "
+    "(issue 48; test_gemm_tiles.py::test_a_triton_gemm_s_export_fields_do_not_decide_its_class)"))
     for n in NAMES])
 def test_without_shapes_the_class_agrees_with_ncu_for_95_percent_of_kernel_time(tmp_path, name):
     """Issue 48's bar on the exports made without gpudiag: time-weighted agreement with ncu of at
