@@ -28,8 +28,8 @@ import pandas as pd
 # and adds about 2 us to a short kernel). An unpaired row or launch costs what such a pair does.
 GAP = float(np.log(2.0))
 # Above so many cells the alignment (a float64 matrix of rows x launches) is skipped and every launch
-# takes its nearest row: 20 M cells are 160 MB.
-MAX_CELLS = 20_000_000
+# takes its nearest row: 10 M cells are 80 MB.
+MAX_CELLS = 10_000_000
 _TIE = 1e-9  # two alignment costs this close are equal (float rounding of the running minimum)
 
 
@@ -43,13 +43,16 @@ def align(launch_ns: np.ndarray, row_ns: np.ndarray, gap: float = GAP) -> np.nda
         return np.full(m, -1, dtype=np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):
         la, lb = np.log(np.asarray(launch_ns, float)), np.log(np.asarray(row_ns, float))
-    cost = np.abs(la[None, :] - lb[:, None])
-    cost = np.where(np.isfinite(cost), cost, 0.0)  # m x n
+
+    def cost(i: int, j: slice | int = slice(None)) -> np.ndarray:  # row i against launches j; unknown: 0
+        c = np.abs(la[j] - lb[i])
+        return np.where(np.isfinite(c), c, 0.0)
+
     columns = np.arange(n + 1) * gap
     d = np.empty((m + 1, n + 1))
     d[0] = columns
     for i in range(1, m + 1):
-        best = np.minimum(d[i - 1, :-1] + cost[i - 1], d[i - 1, 1:] + gap)  # pair, or leave the row unpaired
+        best = np.minimum(d[i - 1, :-1] + cost(i - 1), d[i - 1, 1:] + gap)  # pair, or leave the row unpaired
         best = np.concatenate(([i * gap], best))
         d[i] = np.minimum.accumulate(best - columns) + columns  # or leave launches unpaired
     pairs = np.full(m, -1, dtype=np.int64)
@@ -57,7 +60,7 @@ def align(launch_ns: np.ndarray, row_ns: np.ndarray, gap: float = GAP) -> np.nda
     while i > 0 and j > 0:  # of equal alignments, the one leaving the last launches unpaired (ncu's launch cap)
         if abs(d[i, j] - (d[i, j - 1] + gap)) <= _TIE:
             j -= 1
-        elif abs(d[i, j] - (d[i - 1, j - 1] + cost[i - 1, j - 1])) <= _TIE:
+        elif abs(d[i, j] - (d[i - 1, j - 1] + cost(i - 1, j - 1))) <= _TIE:
             pairs[i - 1] = j - 1
             i, j = i - 1, j - 1
         else:
