@@ -39,7 +39,7 @@ replace it. Rules, in order:
    a depthwise convolution and a product of eager attention found next to its softmax, all
    bandwidth-bound (:mod:`gpudiag.analysis.roofline.tiles`,
    :mod:`gpudiag.analysis.roofline.attention_products`). Such rows say what the class rests on
-   (``basis``: family, small tile, large tile, no tile, depthwise, attention product;
+   (``basis``: family, small tile, large tile, no tile, Triton template, depthwise, attention product;
    ``tile_side``) and how often that basis agreed with Nsight Compute on the committed fixtures
    (``confidence``).
 

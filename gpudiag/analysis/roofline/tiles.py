@@ -46,7 +46,12 @@ _TILE_PATTERNS = (
 )
 
 # heuristic bases, by code: what the class of a kernel without shapes or ncu rests on
-BASES = ["family", "small tile", "large tile", "no tile", "depthwise", "attention product"]
+BASES = ["family", "small tile", "large tile", "no tile", "depthwise", "attention product", "Triton template"]
+
+# Inductor's Triton GEMM templates (triton_tem_fused_..._mm_...): no tile in the name, and nothing in an
+# export tells their K (docs/roofline_gemm.md, "Triton GEMMs": one config on one output, K = 64 and 512
+# launched alike, opposite classes by ncu). Compute-bound by family, with their own, lower confidence.
+_TRITON_TEMPLATE = re.compile(r"^triton_tem_")
 
 # Depthwise convolutions (one input and one output channel per group): PyTorch's
 # conv_depthwise2d/3d kernels, cuDNN's runtime-compiled ``conv2d_c1_k1_*`` (C=1, K=1 per group; on
@@ -102,21 +107,23 @@ def heuristic_basis(names: pd.Series, family: pd.Series, attention_product: np.n
     states, elements; NaN without one or for an fp32 SIMT GEMM), ``basis`` (a code into :data:`BASES`: ``family`` for a
     kernel outside the contraction families, ``depthwise``, ``small tile``, ``attention product``
     (``attention_product``: :func:`gpudiag.analysis.roofline.attention_products.attention_products`),
-    ``large tile`` or ``no tile`` for a contraction) and ``bandwidth`` (True where the basis says
+    ``large tile``, ``Triton template`` or ``no tile`` for a contraction) and ``bandwidth`` (True where the basis says
     bandwidth-bound: non-contractions, depthwise convolutions, small tiles and attention products)."""
     contraction = family.isin(CONTRACTION_FAMILIES).to_numpy()
     side = np.where(contraction, per_distinct(names, _tile_side, np.nan, float), np.nan)
     small = side < SMALL_TILE_SIDE
     depthwise = contraction & per_distinct(names, _depthwise, False, bool)
     product = contraction & ~small & (attention_product if attention_product is not None else False)
+    template = contraction & per_distinct(names, lambda n: bool(_TRITON_TEMPLATE.match(n)), False, bool)
+    no_tile = np.where(template, 6, 3)
     basis = np.where(~contraction, 0, np.where(depthwise, 4, np.where(small, 1, np.where(
-        product, 5, np.where(np.isnan(side), 3, 2)))))
+        product, 5, np.where(np.isnan(side), no_tile, 2)))))
     return pd.DataFrame({"tile_side": side, "basis": basis.astype(np.int8),
                          "bandwidth": ~contraction | small | depthwise | product}, index=names.index)
 
 # Per basis (BASES order): the share of kernel time on which a class resting on it agreed with
 # Nsight Compute over the committed ncu fixtures of issue 48 (ten workloads; benchmarks/roofline_accuracy.py
 # --by-basis; docs/roofline_gemm.md, H200, 2026-11-29; ncu rows paired by ncu_pairing). A prior, not a
-# probability for one kernel. family 303.9 ms, small tile 1.1 ms, large tile 34.5 ms, no tile 31.3 ms,
-# depthwise 1.9 ms, attention product 14.9 ms
-BASIS_CONFIDENCE = [0.996, 1.0, 0.834, 0.965, 1.0, 1.0]
+# probability for one kernel. family 303.9 ms, small tile 1.1 ms, large tile 34.5 ms, no tile 27.1 ms,
+# depthwise 1.9 ms, attention product 14.9 ms, Triton template 4.1 ms (one fixture: triton_gemm)
+BASIS_CONFIDENCE = [0.996, 1.0, 0.834, 0.984, 1.0, 1.0, 0.837]
