@@ -94,34 +94,37 @@ def decoder_eager():
     return _hf_train(_llama(attention="eager"), torch.randint(0, 32000, (8, 512), device="cuda"))
 
 
-def bert_eager():
+def _bert(layers: int, attention: str):
     from transformers import BertConfig, BertForMaskedLM
-    cfg = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
-                     intermediate_size=3072, attn_implementation="eager")
+    cfg = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=layers, num_attention_heads=12,
+                     intermediate_size=3072, attn_implementation=attention)
     return _hf_train(BertForMaskedLM(cfg).cuda(), torch.randint(0, 30522, (16, 256), device="cuda"))
 
 
-def gpt2_eager():
+def _gpt2(layers: int, attention: str):
     from transformers import GPT2Config, GPT2LMHeadModel
-    cfg = GPT2Config(n_layer=6, n_embd=768, n_head=12, n_positions=1024, attn_implementation="eager")
+    cfg = GPT2Config(n_layer=layers, n_embd=768, n_head=12, n_positions=1024, attn_implementation=attention)
     return _hf_train(GPT2LMHeadModel(cfg).cuda(), torch.randint(0, 50257, (8, 512), device="cuda"))
+
+
+def bert_eager():
+    return _bert(6, "eager")
+
+
+def gpt2_eager():
+    return _gpt2(6, "eager")
 
 
 def bert_sdpa():
     """BERT MLM training, 2 layers, SDPA attention (cuDNN's flash kernels and their backward helpers):
     held out for the attention-backward helper rule and the ncu pairing (2026-11-29), small enough that
     `gpudiag profile --ncu` replays a whole step."""
-    from transformers import BertConfig, BertForMaskedLM
-    cfg = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=2, num_attention_heads=12,
-                     intermediate_size=3072, attn_implementation="sdpa")
-    return _hf_train(BertForMaskedLM(cfg).cuda(), torch.randint(0, 30522, (16, 256), device="cuda"))
+    return _bert(2, "sdpa")
 
 
 def gpt2_sdpa():
     """GPT-2 LM training, 2 layers, SDPA attention (causal, with dropout): held out likewise."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-    cfg = GPT2Config(n_layer=2, n_embd=768, n_head=12, n_positions=1024, attn_implementation="sdpa")
-    return _hf_train(GPT2LMHeadModel(cfg).cuda(), torch.randint(0, 50257, (8, 512), device="cuda"))
+    return _gpt2(2, "sdpa")
 
 
 def triton_ambiguity():
