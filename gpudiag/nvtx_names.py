@@ -22,6 +22,8 @@ OP = PREFIX + "op "
 OUT = PREFIX + "out "
 TAIL = PREFIX + "tail"
 CLOSURE = PREFIX + "closure"  # push/pop around a closure optimizer.step(closure) evaluates (its work is not the optimizer's)
-GRAPH = PREFIX + "graph "  # push/pop around each run of an Inductor-compiled graph: ``gpudiag:graph 3``
+# push/pop around each run of an Inductor-compiled graph: ``gpudiag:graph 3``; a dynamic-shape graph adds
+# its size symbols' values: ``gpudiag:graph 3 s33=8``
+GRAPH = PREFIX + "graph "
 
 PHASES = ("forward", "backward", "optimizer")

@@ -19,7 +19,9 @@ How (the same in torch 2.11 and 2.13):
   kept while tracing and the generated code's comments.
 - **Graph runs.** ``CompiledFxGraph.__init__`` (which receives the GraphLowering whose codegen was
   just recorded) gets a graph id; ``CompiledFxGraph.__call__`` pushes ``gpudiag:graph <id>`` around
-  each run (one push/pop per call, outside Dynamo tracing, so no graph break or guard). With CUDA
+  each run (one push/pop per call, outside Dynamo tracing, so no graph break or guard); a graph with
+  symbolic sizes adds the values of the symbols its call sites' costs use, read from the run's inputs
+  (``gpudiag:graph 3 s33=8``: :func:`symbol_sources`, :func:`run_symbols`). With CUDA
   graphs (``mode="reduce-overhead"``) the call wraps the cudagraph-tree replay, whose graph launch is
   then inside the range.
 - **Caches.** A graph loaded from the FX graph cache or the AOTAutograd cache is never generated, so
@@ -142,9 +144,11 @@ def _origin_nodes(node_schedule, is_extern: bool) -> list:
 
 def _described(value):
     """JSON-able form of one FX argument, as the op ranges describe aten arguments (``"bfloat16[8,16]"``
-    for a tensor; numbers, booleans and None as they are); None for a tensor of symbolic shape. Not
+    for a tensor; numbers, booleans and None as they are); a symbolic size as its expression
+    (``"bfloat16[s33,16]"``: ``str`` of a SymInt reads its expression and adds no guard, where ``int``
+    would specialize the graph), bound per graph run by the analysis. Not
     :func:`gpudiag.capture.op_ranges.describe_value`: a traced value has no storage (its address reads
-    0, with a warning in the user's process) and may have symbolic sizes."""
+    0, with a warning in the user's process)."""
     import torch.fx
 
     if isinstance(value, torch.fx.Node):
@@ -154,17 +158,29 @@ def _described(value):
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if shape is None or dtype is None or not all(type(s) is int for s in shape):
-        return None  # a symbolic size: int() on it would add a guard
-    return f"{str(dtype).removeprefix('torch.')}[{','.join(str(s) for s in shape)}]"
+    if shape is None or dtype is None:
+        return None
+    return f"{str(dtype).removeprefix('torch.')}[{','.join(str(s).replace(' ', '') for s in shape)}]"
+
+
+def _free_symbols(values) -> set[str]:
+    """Names of the size symbols (``s33``) in traced values' shapes."""
+    out: set[str] = set()
+    for value in values:
+        for size in getattr(value, "shape", None) or ():
+            expr = getattr(getattr(size, "node", None), "expr", None)
+            out.update(str(sym) for sym in getattr(expr, "free_symbols", ()))
+    return out
 
 
 def contraction_payload(nodes) -> dict | None:
     """The op range payload (``{"op", "in", "out"}``, as :mod:`gpudiag.capture.op_ranges` writes it)
     of the one contraction (matmul, convolution, attention: the cost model's
     ``CONTRACTION_OPS`` and SDPA ops) among a call site's FX nodes, with the shapes Inductor traced
-    (``meta["val"]``); None when the site has none or several, or a shape is symbolic. A template
-    kernel's epilogue (a bias, a residual add) is not in it: the contraction's FLOPs are its FLOPs."""
+    (``meta["val"]``); None when the site has none or several. A symbolic shape keeps its expression
+    and the payload lists its symbols (``"symbols": ["s33"]``): each graph run records their values
+    (:func:`symbol_sources`). A template kernel's epilogue (a bias, a residual add) is not in it: the
+    contraction's FLOPs are its FLOPs."""
     import torch.fx
 
     from gpudiag.analysis.roofline.costmodel import CONTRACTION_OPS, SDPA_PREFIXES
@@ -181,8 +197,47 @@ def contraction_payload(nodes) -> dict | None:
     if node.kwargs:
         ins.append({k: _described(v) for k, v in node.kwargs.items()})
     out = _described(node.meta.get("val"))
-    symbolic = any(d is None for d, a in zip(ins, node.args) if isinstance(a, torch.fx.Node))
-    return None if symbolic or out is None else {"op": node.target._schema.name, "in": ins, "out": out}
+    if out is None or any(d is None for d, a in zip(ins, node.args) if isinstance(a, torch.fx.Node)):
+        return None
+    payload = {"op": node.target._schema.name, "in": ins, "out": out}
+    traced = [a.meta.get("val") for a in node.args if isinstance(a, torch.fx.Node)] + [node.meta.get("val")]
+    if symbols := _free_symbols(traced):
+        payload["symbols"] = sorted(symbols)
+    return payload
+
+
+def symbol_sources(graph, kernels: list[dict]) -> dict[str, tuple[int, int | None]]:
+    """Where each size symbol the call sites' costs use is read from a graph run's inputs:
+    ``{"s33": (input index, None)}`` for a symbol passed as an input (Inductor passes the sizes it
+    needs), ``(input index, dim)`` for one that is a tensor input's size; inputs in
+    ``graph.graph_input_names`` order, as ``CompiledFxGraph.__call__`` receives them (torch 2.11,
+    2.13). A symbol found in neither is left out (its costs get no shapes)."""
+    import sympy
+
+    wanted = {s for k in kernels for s in ((k.get("cost") or {}).get("symbols") or ())}
+    sources: dict[str, tuple[int, int | None]] = {}
+    if not wanted:
+        return sources
+    for i, name in enumerate(getattr(graph, "graph_input_names", None) or ()):
+        value = graph.graph_inputs.get(name)
+        if isinstance(value, sympy.Symbol) and str(value) in wanted:
+            sources.setdefault(str(value), (i, None))
+            continue
+        sizes = value.get_size() if hasattr(value, "get_size") else ()
+        for d, size in enumerate(sizes):
+            if isinstance(size, sympy.Symbol) and str(size) in wanted:
+                sources.setdefault(str(size), (i, d))
+    return sources
+
+
+def run_symbols(sources: dict[str, tuple[int, int | None]], inputs) -> str:
+    """`` s33=8 s34=512``: the values of a graph run's size symbols, read from its inputs (ints, and
+    tensor sizes: no device sync); '' without symbols."""
+    parts = []
+    for name, (i, d) in sources.items():
+        value = inputs[i] if d is None else inputs[i].shape[d]
+        parts.append(f" {name}={int(value)}")
+    return "".join(parts)
 
 
 def kernel_record(kernel_name: str, nodes, is_extern: bool) -> dict:
@@ -308,9 +363,10 @@ def _new_graph(state: _State, compiled, graph) -> None:
         state.graphs[gid] = {"compile_id": str(compile_id) if compile_id is not None else None,
                              "kind": _graph_kind(graph) if graph is not None else None,
                              "generated": graph is not None, "kernels": kernels}
+    sources = symbol_sources(graph, kernels) if graph is not None else {}
     # The token ties the id to this process: a graph pickled into a cache by an earlier profiled
     # run carries the attribute too, and its id means nothing here.
-    compiled.__dict__[_GRAPH_ATTR] = (state.token, gid, nvtx_names.GRAPH + str(gid))
+    compiled.__dict__[_GRAPH_ATTR] = (state.token, gid, nvtx_names.GRAPH + str(gid), sources)
 
 
 def _wrap_init(original):
@@ -341,9 +397,10 @@ def _wrap_call(original):
         pushed = False
         if state is not None:
             try:
-                _, gid, text = _graph_of(state, self)
+                _, gid, text, sources = _graph_of(state, self)
                 state.calls[gid] += 1
-                state.nvtx.push(text)
+                # a dynamic-shape graph's run says its size symbols' values: its costs are bound to them
+                state.nvtx.push(text + run_symbols(sources, args[0]) if sources and args else text)
                 pushed = True
             except Exception as exc:  # noqa: BLE001
                 state.warn(f"graph range: {type(exc).__name__}: {exc}")

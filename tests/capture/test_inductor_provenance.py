@@ -392,8 +392,8 @@ def test_graph_from_another_process_gets_a_fresh_id():
     state = ip._State(nvtx=None, fresh_compile=True)
     compiled = SimpleNamespace()
     compiled.__dict__[ip._GRAPH_ATTR] = (object(), 5, nvtx_names.GRAPH + "5")
-    token, gid, text = ip._graph_of(state, compiled)
-    assert token is state.token and gid == 0 and text == nvtx_names.GRAPH + "0"
+    token, gid, text, sources = ip._graph_of(state, compiled)
+    assert token is state.token and gid == 0 and text == nvtx_names.GRAPH + "0" and sources == {}
     assert state.graphs[0]["generated"] is False and ip._graph_of(state, compiled)[1] == 0
 
 

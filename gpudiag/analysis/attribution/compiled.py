@@ -20,7 +20,10 @@ compilation), so they read like eager paths (``blocks.0.fc1``).
 
 from __future__ import annotations
 
+import ast
 import json
+import operator
+import re
 from collections import Counter
 from typing import NamedTuple
 
@@ -197,7 +200,10 @@ def attribute_compiled(kernels: pd.DataFrame, attribution: pd.DataFrame, nvtx: p
     ranges = nvtx[text.str.startswith(nvtx_names.GRAPH)].reset_index(drop=True) if not nvtx.empty else nvtx
     if ranges.empty or kernels.empty:
         return out, summarize(kernels, out, provenance)
-    range_graph = pd.to_numeric(ranges["text"].str[len(nvtx_names.GRAPH):], errors="coerce").fillna(-1).astype(int).to_numpy()
+    # ``gpudiag:graph 3``, or ``gpudiag:graph 3 s33=8`` for a run of a dynamic-shape graph
+    tail = ranges["text"].str[len(nvtx_names.GRAPH):]
+    range_graph = pd.to_numeric(tail.str.extract(r"^(\d+)", expand=False), errors="coerce").fillna(-1).astype(int).to_numpy()
+    range_symbols = tail.str.partition(" ")[2].to_numpy(dtype=object)
     call = innermost_range(ranges, out["api_start_ns"].to_numpy(dtype=float), out["api_tid"].to_numpy(dtype=float))
     out["graph"] = np.where(call >= 0, range_graph[np.maximum(call, 0)], -1)
     out.loc[call >= 0, "compiled_mapping"] = "unmapped"
@@ -218,7 +224,7 @@ def attribute_compiled(kernels: pd.DataFrame, attribution: pd.DataFrame, nvtx: p
             cols["source_line"][pos] = source or ""
             if path is not None:
                 cols["module"][pos], cols["module_class"][pos] = path, cls or ""
-            if site >= 0:
+            if site >= 0 and (args := bound_payload(args, range_symbols[c], memo)):
                 cols["compiled_op"][pos], cols["compiled_op_args"][pos] = op, args
                 site_call[pos] = int(c) * radix + site
     for name, values in cols.items():
@@ -242,6 +248,67 @@ def site_cost(match: Match, sites: list[dict]) -> tuple[int, str, str]:
     if not isinstance(cost, dict) or not isinstance(cost.get("op"), str):
         return -1, "", ""
     return match.sites[0], cost["op"], json.dumps(cost, separators=(",", ":"))
+
+
+_SIZE = re.compile(r"^(\w+)\[([^\]]*)\]$")
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+        ast.Mod: operator.mod, ast.Pow: lambda a, b: a ** b if 0 <= b <= 8 else _unreadable()}
+_CALLS = {"Max": max, "Min": min, "CeilDiv": lambda a, b: -(-a // b), "FloorDiv": operator.floordiv}
+
+
+def _unreadable():
+    raise ValueError("exponent")
+
+
+def _size(expr: str, values: dict[str, int]) -> int:
+    """One size of a traced shape: an int, or a SymPy expression of size symbols (``s33``,
+    ``64*s33``, ``s33 + 1``, ``Max(1, s33)``) evaluated with ``values``. Raises ValueError for
+    anything else (an unknown symbol or function)."""
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.Name) and node.id in values:
+            return values[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS:
+            return _CALLS[node.func.id](*(ev(a) for a in node.args))
+        raise ValueError(expr)
+
+    return int(ev(ast.parse(expr, mode="eval")))
+
+
+def _bind(value, values: dict[str, int]):
+    if isinstance(value, list):
+        return [_bind(v, values) for v in value]
+    if isinstance(value, dict):
+        return {k: _bind(v, values) for k, v in value.items()}
+    if isinstance(value, str) and (m := _SIZE.match(value)) and m.group(2):
+        return f"{m.group(1)}[{','.join(str(_size(d, values)) for d in m.group(2).split(','))}]"
+    return value
+
+
+def bound_payload(args: str, run_symbols: str, memo: dict) -> str:
+    """A call site's payload (JSON) with its symbolic sizes bound to one graph run's values
+    (``run_symbols``: ``s33=8 s34=512``, from the run's NVTX range; :func:`gpudiag.capture.
+    inductor_provenance.run_symbols`); the payload as it is when it has no symbols; '' when a symbol
+    has no value or an expression cannot be read (no cost rather than a wrong one)."""
+    if '"symbols"' not in args:
+        return args
+    key = ("bound", args, run_symbols)
+    if key not in memo:
+        values = {k: int(v) for k, v in re.findall(r"(\w+)=(-?\d+)", run_symbols or "")}
+        payload = json.loads(args)
+        try:
+            memo[key] = json.dumps({"op": payload["op"], "in": _bind(payload["in"], values),
+                                    "out": _bind(payload["out"], values)}, separators=(",", ":"))
+        except (ValueError, SyntaxError, TypeError, ZeroDivisionError, RecursionError):
+            memo[key] = ""
+    return memo[key]
 
 
 def summarize(kernels: pd.DataFrame, out: pd.DataFrame, provenance: dict | None, top: int = 5) -> dict:

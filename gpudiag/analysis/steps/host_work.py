@@ -200,7 +200,9 @@ def _label(text) -> str | None:
     shortened, any text cut to 80 characters; None for a range without text (NULL in the export)."""
     if not isinstance(text, str):
         return None
-    for prefix, name in ((nvtx_names.MODULE, "module "), (nvtx_names.PHASE, "phase "), (nvtx_names.GRAPH, "compiled graph ")):
+    if text.startswith(nvtx_names.GRAPH):  # one label per graph, whatever a dynamic-shape run's sizes
+        return "compiled graph " + text[len(nvtx_names.GRAPH):].split(" ")[0][:60]
+    for prefix, name in ((nvtx_names.MODULE, "module "), (nvtx_names.PHASE, "phase ")):
         if text.startswith(prefix):
             return (name + text[len(prefix):])[:80]
     return text[:80]
