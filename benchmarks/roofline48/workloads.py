@@ -184,6 +184,20 @@ def gpt2_compiled():
     return lambda: _train_step(compiled, ids, opt, lambda mm, b: mm(input_ids=b, labels=b).loss)
 
 
+def gpt2_dynamic():
+    """GPT-2 (3 layers, SDPA) under torch.compile with variable sequence lengths (256, 320, 384 in
+    turn, batch 8), as a padded-to-the-batch loader gives: Inductor compiles the graphs with a symbolic
+    length after the first recompile. Held out for the dynamic-shape costs (2026-11-29)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_layer=3, n_embd=768, n_head=12, n_positions=1024, attn_implementation="sdpa")
+    m = GPT2LMHeadModel(cfg).cuda()
+    compiled = torch.compile(m)
+    batches = [torch.randint(0, 50257, (8, t), device="cuda") for t in (256, 320, 384)]
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    step = iter(range(10 ** 9))
+    return lambda: _train_step(compiled, batches[next(step) % 3], opt, lambda mm, b: mm(input_ids=b, labels=b).loss)
+
+
 def decode():
     m = _llama(layers=8).to(torch.bfloat16).eval()
     ids = torch.randint(0, 32000, (4, 128), device="cuda")
@@ -218,7 +232,8 @@ def grouped():
 
 WORKLOADS = {f.__name__: f for f in (conv, swinv2, encoder, decoder, decode, moe, grouped, decoder_eager, vit_compiled,
                                      gpt2_compiled,
-                                     triton_gemm, bert_eager, gpt2_eager, bert_sdpa, gpt2_sdpa, triton_ambiguity)}
+                                     triton_gemm, bert_eager, gpt2_eager, bert_sdpa, gpt2_sdpa, triton_ambiguity,
+                                     gpt2_dynamic)}
 
 
 def main() -> None:
