@@ -135,3 +135,37 @@ def test_a_dynamic_graph_s_runs_share_one_host_work_label():
 
     assert _label(nvtx_names.GRAPH + "3 s33=8") == _label(nvtx_names.GRAPH + "3 s33=10") == "compiled graph 3"
     assert _label(nvtx_names.GRAPH + "3") == "compiled graph 3"
+
+
+def test_a_dynamic_gpt2_run_on_the_h200_gets_each_step_s_shapes(tmp_path):
+    """GPT-2 (3 layers) under torch.compile, sequence lengths 256, 320, 384 in turn (benchmarks/roofline48/
+    workloads.py gpt2_dynamic, `gpudiag profile` on an nvidia-h200, 2026-11-29): Inductor recompiled its
+    graphs with a symbolic length. Every GEMM and attention kernel of the compiled runs in the 11 captured
+    steps is classed from shapes, and every bound shape holds its own step's tokens (8 x T) or length T
+    (the oracle: the script's schedule, step s has T = (256, 320, 384)[s % 3])."""
+    import lzma
+    import re
+    import shutil
+
+    from conftest import ROOT
+    from gpudiag import store
+    from gpudiag.analysis.ingest import ingest
+    from gpudiag.analysis.pipeline import analyse
+
+    fixture = ROOT / "tests" / "fixtures" / "roofline48" / "profiled" / "gpt2_dynamic"
+    with lzma.open(fixture / "profile.sqlite.xz") as f, open(tmp_path / "p.sqlite", "wb") as g:
+        shutil.copyfileobj(f, g)
+    status = json.loads((fixture / "script_status.json").read_text())
+    db = ingest(tmp_path / "p.sqlite", tmp_path / "run.sqlite")
+    analyse(db, status=status, warmup_steps=status.get("warmup_steps", 2))
+    a = store.read_table(db, "kernel_attribution")[["kernel_id", "step", "graph", "compiled_op_args"]]
+    c = store.read_table(db, "kernel_class")[["kernel_id", "family", "evidence"]]
+    k = a.merge(c, on="kernel_id")
+    compiled = k[k["family"].isin(["gemm", "attention"]) & (k["graph"] >= 0) & k["step"].notna()]
+    assert compiled["step"].nunique() >= 10 and compiled["evidence"].eq("shapes").all()
+    costed = compiled[compiled["compiled_op_args"].astype(str) != ""]
+    assert len(costed) > 300
+    for step, args in zip(costed["step"], costed["compiled_op_args"].astype(str)):
+        t = (256, 320, 384)[int(step) % 3]
+        dims = {int(x) for shape in re.findall(r"\[([\d,]+)\]", args) for x in shape.split(",")}
+        assert 8 * t in dims or t in dims, (step, args)
