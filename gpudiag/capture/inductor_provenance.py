@@ -399,8 +399,12 @@ def _wrap_call(original):
             try:
                 _, gid, text, sources = _graph_of(state, self)
                 state.calls[gid] += 1
-                # a dynamic-shape graph's run says its size symbols' values: its costs are bound to them
-                state.nvtx.push(text + run_symbols(sources, args[0]) if sources and args else text)
+                if sources and args:  # a dynamic-shape graph's run says its size symbols' values
+                    try:
+                        text += run_symbols(sources, args[0])
+                    except Exception as exc:  # noqa: BLE001 - the run keeps its range; its costs go
+                        state.warn(f"graph sizes: {type(exc).__name__}: {exc}")
+                state.nvtx.push(text)
                 pushed = True
             except Exception as exc:  # noqa: BLE001
                 state.warn(f"graph range: {type(exc).__name__}: {exc}")
