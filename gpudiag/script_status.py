@@ -82,6 +82,7 @@ class ScriptStatus:
     window_start_unix_s: float | None = None
     run_to_end: bool | None = None
     stopped_after_window: int | None = None
+    rank_exit_after_window: str | None = None  # torchrun's failure when a rank failed only at exit, after the window
     # the settings the script ran under
     cudnn_benchmark: bool | None = None
     autocast_dtype: str | None = None

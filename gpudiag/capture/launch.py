@@ -118,6 +118,21 @@ def _finish_status(status: ScriptStatus, config, code: int, ranks_dir: str | Non
     _write_status(path, status)
 
 
+def _ranks_ended_by_the_window(exc: BaseException, ranks_dir: str | None, config) -> bool:
+    """True when torchrun, run in this process, failed (``ChildFailedError``) only because a rank
+    failed at exit after gpudiag ended every rank at its window: each of the job's ranks wrote its
+    status with the window complete and no exception. A gloo rank can abort in torch.distributed's
+    teardown then ("terminate called without an active exception", SIGABRT; docs/notes/measurements.md,
+    2026-11-29): nothing it measured is lost. A rank that failed before its window ended, wrote no
+    status, or ran on past the window (``run_to_end``) keeps the failure."""
+    if type(exc).__name__ != "ChildFailedError" or not ranks_dir or config.run_to_end:
+        return False
+    ranks = rank_hook.collect(ranks_dir)
+    world = {r.get("world_size") for r in ranks}
+    return (len(world) == 1 and len(ranks) == next(iter(world), None)
+            and all(r.get("window_complete") is True and r.get("exception") is None for r in ranks))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the script; returns its exit code (also written to the status file)."""
     parser = argparse.ArgumentParser(prog="gpudiag.capture.launch")
@@ -171,9 +186,15 @@ def main(argv: list[str] | None = None) -> int:
                       traceback=traceback.format_exc(), interrupted=True)
         print("KeyboardInterrupt: the script was stopped (Ctrl-C)", file=sys.stderr)  # no traceback: asked for
     except BaseException as exc:  # noqa: BLE001 - the user's crash is data, reported later
-        code = 1
-        status.update(exception=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-        traceback.print_exc()
+        if _ranks_ended_by_the_window(exc, ranks_dir, config):
+            code = 0
+            status.update(rank_exit_after_window=f"{type(exc).__name__}: {str(exc)[:500]}")
+            print("gpudiag: a rank failed at exit after gpudiag ended its script at the window's end "
+                  "(torch.distributed teardown); every rank's window is complete and measured", file=sys.stderr)
+        else:
+            code = 1
+            status.update(exception=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+            traceback.print_exc()
     finally:
         if os.getpid() == launcher_pid:  # not in a child the script forked (os.fork) that ended through here
             _finish_status(status, config, code, ranks_dir, ns.status, change)

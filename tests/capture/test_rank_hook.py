@@ -411,3 +411,39 @@ def test_each_rank_takes_rank0s_decision_from_the_agent_store():
     assert rank_hook.as_rank0_has("trials-chosen", [{"change": "tf32"}], {**env, "RANK": "1"}) == [
         {"change": "compile", "predicted_saving_ns": 5}, {"change": "tf32"}]
     del agent
+
+
+# rank 0 aborts when the interpreter exits (after every atexit hook, gpudiag's status writer
+# included), as a gloo rank can in torch.distributed's teardown ("terminate called without an active
+# exception"); with ABORT_AT_STEP set, it aborts in that step instead, inside the window
+ABORTING = """
+import os
+class _Abort:
+    def __del__(self):
+        os.abort()
+if os.environ["RANK"] == "0":
+    _abort_at_exit = _Abort()
+""" + DDP.replace("    opt.step()\n", "    opt.step()\n    if os.environ['RANK'] == '0' and step == ABORT_AT_STEP:\n        os.abort()\n")
+
+
+def test_a_rank_that_aborts_at_exit_after_its_window_does_not_fail_the_job(tmp_path):
+    """torchrun reports the job failed (ChildFailedError), but every rank wrote its status with its
+    window complete: the launcher keeps exit code 0 and says what happened, so a trial of such a job
+    is not read as a failed run."""
+    config = CaptureConfig(warmup_steps=1, window_steps=2, bare=True)
+    proc, status_path = _torchrun(tmp_path, config, body="ABORT_AT_STEP = -1\n" + ABORTING)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    status = json.loads(status_path.read_text())
+    assert status["exit_code"] == 0 and status["exception"] is None
+    assert "ChildFailedError" in status["rank_exit_after_window"]
+    assert "failed at exit after gpudiag ended its script" in proc.stderr
+    assert [r["window_complete"] for r in status["ranks"]] == [True, True]
+
+
+def test_a_rank_that_aborts_inside_its_window_still_fails_the_job(tmp_path):
+    config = CaptureConfig(warmup_steps=1, window_steps=2, bare=True)
+    proc, status_path = _torchrun(tmp_path, config, body="ABORT_AT_STEP = 1\n" + ABORTING)
+    assert proc.returncode != 0
+    status = json.loads(status_path.read_text())
+    assert status["exit_code"] == 1 and "ChildFailedError" in status["exception"]
+    assert "rank_exit_after_window" not in status
