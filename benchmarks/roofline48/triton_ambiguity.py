@@ -72,19 +72,9 @@ def variants(large_k: str = LARGE_K) -> list:
 def median_ns(run, repeats: int, batch: int = 20) -> float:
     """Median over ``repeats`` of the CUDA-event time of ``batch`` back-to-back launches, divided by
     ``batch`` (ns): one launch between two events would also time Triton's Python launcher (~20 us)."""
-    for _ in range(10):
-        run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(batch):
-            run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e6 / batch)
-    return float(torch.tensor(times).median())
+    from gpudiag.capture.calibrate import _time_ms  # gpudiag calibrate's CUDA-event timer
+
+    return _time_ms(lambda: [run() for _ in range(batch)], warmup=10, repeats=repeats) * 1e6 / batch
 
 
 def main() -> None:
